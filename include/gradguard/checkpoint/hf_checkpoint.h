@@ -1,0 +1,27 @@
+// Hugging Face style model directories: config.json (LlamaConfig keys) plus
+// model.safetensors with HF Llama tensor names. gradguard writes its model checkpoints
+// this way and reads them back (or a real HF Llama directory) for `model.init_from`.
+#pragma once
+
+#include <string>
+
+#include "gradguard/model/llama.h"
+
+namespace gradguard::checkpoint {
+
+// Writes <dir>/config.json and <dir>/model.safetensors (float32 or the parameters' dtype),
+// each atomically. Creates `dir`.
+void save_hf_model(const std::string& dir, model::LlamaForCausalLMImpl& model);
+
+// Reads <dir>/config.json into model options (architecture keys only; the rest of
+// `base` is kept). Throws gradguard::Error (bad input) naming config.json and the key
+// when a key is missing, has the wrong type or describes an unsupported model.
+model::LlamaOptions read_hf_config(const std::string& dir, const model::LlamaOptions& base);
+
+// Copies the tensors of <dir>/model.safetensors into the model's parameters (converting
+// dtype). Every parameter must be present with the same shape; extra tensors are an
+// error except lm_head.weight of a tied model and rotary caches. Errors name the file
+// and the tensor. Nothing is modified unless every tensor checks out.
+void load_hf_weights(const std::string& dir, model::LlamaForCausalLMImpl& model);
+
+}  // namespace gradguard::checkpoint

@@ -1,0 +1,61 @@
+// The effective configuration of a run: every component's options struct, filled from
+// the built-in defaults, then a YAML file, then `--set key.path=value` overrides, and
+// validated as a whole. This is the only place that looks options up by string; every
+// component below receives its typed struct.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "gradguard/amp/precision.h"
+#include "gradguard/data/token_dataset.h"
+#include "gradguard/grad/clip.h"
+#include "gradguard/model/llama.h"
+#include "gradguard/optim/optimizer.h"
+#include "gradguard/optim/schedule.h"
+#include "gradguard/train/options.h"
+
+namespace gradguard::config {
+
+struct Config {
+  train::RunOptions run;
+  model::LlamaOptions model;
+  data::DataOptions data;
+  train::BatchOptions batch;
+  optim::OptimOptions optim;
+  optim::ScheduleOptions schedule;
+  grad::ClipOptions clip;
+  amp::AmpOptions amp;
+  train::EvalOptions eval;
+  train::CheckpointOptions checkpoint;
+  train::LogOptions log;
+
+  // Validates every section, then the rules that span sections (schedule.min_lr <=
+  // optim.lr, batch.global_batch divisible, power-of-two sizes, data.seq_len <=
+  // model.max_seq_len). Resolves batch.global_batch / batch.accum_steps for `world_size`
+  // ranks. Throws gradguard::Error (bad input) naming the key.
+  void finalize(int64_t world_size = 1);
+};
+
+// The built-in default: a 4-layer, 128-wide Llama on the Brown corpus, 8192 tokens per
+// optimizer step, 200 steps.
+Config default_config();
+
+// Defaults, then `path` (if not empty), then each "key.path=value" override (the value
+// is parsed as YAML, so lists work: optim.betas=[0.9,0.95]); then finalize(). Unknown
+// keys get the nearest valid key suggested; wrong types and out-of-range values name
+// the key, the value and what is valid. Errors are gradguard::Error (bad input) whose
+// `where` is "<file>: <key>" or "--set <key>".
+Config load_config(const std::string& path, const std::vector<std::string>& overrides);
+
+// The configuration as YAML, every key with a comment (what `config show` prints and
+// what a run directory's config.yaml holds). Loading it back yields the same Config.
+std::string to_yaml(const Config& config);
+
+// docs/config.md: every key with its type, default and description.
+std::string reference_markdown();
+
+// Nearest key by edit distance, or "" if none is close; exposed for tests.
+std::string nearest_key(const std::string& key, const std::vector<std::string>& candidates);
+
+}  // namespace gradguard::config

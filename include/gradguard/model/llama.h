@@ -1,0 +1,119 @@
+// A Llama-style decoder-only transformer with Hugging Face parameter names, so that
+// named_parameters() yields exactly the keys of an HF Llama checkpoint
+// ("model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", ...,
+// "model.norm.weight", "lm_head.weight").
+//
+// Architecture (as HF LlamaForCausalLM): token embedding; per layer
+// x += o_proj(attn(rope(q), rope(k), v)) on RMSNorm(x), then x += SwiGLU MLP on RMSNorm(x);
+// final RMSNorm; lm_head (or the embedding matrix when tie_embeddings). Rotary embeddings
+// use HF's rotate-half convention; grouped-query attention shares each K/V head among
+// num_heads / num_kv_heads query heads without materialising repeated K/V.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+
+namespace gradguard::model {
+
+struct LlamaOptions {
+  int64_t vocab_size = 256;          // tokens; 256 for the byte-level tokenizer
+  int64_t hidden_size = 128;         // model width d
+  int64_t intermediate_size = 384;   // SwiGLU hidden width
+  int64_t num_layers = 4;            // decoder layers
+  int64_t num_heads = 4;             // query heads; must divide hidden_size
+  int64_t num_kv_heads = 2;          // K/V heads (GQA); must divide num_heads; = num_heads is MHA
+  int64_t max_seq_len = 1024;        // longest sequence (HF max_position_embeddings)
+  double rope_theta = 10000.0;       // rotary base
+  double rms_norm_eps = 1e-5;        // RMSNorm epsilon
+  bool tie_embeddings = false;       // lm_head shares the embedding matrix
+  double init_std = 0.02;            // N(0, std) init; residual projections get std/sqrt(2L)
+  std::string init_from;             // HF directory (config.json + model.safetensors); "" = random init
+
+  int64_t head_dim() const { return hidden_size / num_heads; }
+  // Throws gradguard::Error (bad input) naming the key, e.g. "model.num_kv_heads".
+  void validate() const;
+};
+
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps);
+  torch::Tensor forward(const torch::Tensor& x);  // [..., dim] -> [..., dim]
+  torch::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RMSNorm);
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  explicit AttentionImpl(const LlamaOptions& o);
+  // x [B, T, d]; cos/sin [T, head_dim] -> [B, T, d]
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  int64_t num_heads_, num_kv_heads_, head_dim_;
+};
+TORCH_MODULE(Attention);
+
+class MlpImpl : public torch::nn::Module {
+ public:
+  explicit MlpImpl(const LlamaOptions& o);
+  torch::Tensor forward(const torch::Tensor& x);  // down(silu(gate(x)) * up(x))
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+class DecoderLayerImpl : public torch::nn::Module {
+ public:
+  explicit DecoderLayerImpl(const LlamaOptions& o);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  Attention self_attn{nullptr};
+  Mlp mlp{nullptr};
+};
+TORCH_MODULE(DecoderLayer);
+
+// The "model." part of the HF names.
+class LlamaBackboneImpl : public torch::nn::Module {
+ public:
+  explicit LlamaBackboneImpl(const LlamaOptions& o);
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  RMSNorm norm{nullptr};
+};
+TORCH_MODULE(LlamaBackbone);
+
+class LlamaForCausalLMImpl : public torch::nn::Module {
+ public:
+  // Validates the options and initialises the weights (scaled normal, norms = 1).
+  explicit LlamaForCausalLMImpl(const LlamaOptions& o);
+  // input_ids [B, T] int64 with T <= max_seq_len -> logits [B, T, vocab] (float32, or the
+  // autocast dtype when autocast is on).
+  torch::Tensor forward(const torch::Tensor& input_ids);
+  const LlamaOptions& options() const { return options_; }
+  // (Re)initialises every parameter from the current torch RNG.
+  void reset_parameters();
+
+  LlamaBackbone model{nullptr};
+  torch::nn::Linear lm_head{nullptr};  // null when tie_embeddings
+
+ private:
+  // Rotary tables for T positions on `device`, cached across calls.
+  std::pair<torch::Tensor, torch::Tensor> rope_tables(int64_t T, const torch::Device& device);
+
+  LlamaOptions options_;
+  torch::Tensor cos_, sin_;  // [cached T, head_dim]
+};
+TORCH_MODULE(LlamaForCausalLM);
+
+// Number of trainable parameters (tied weights counted once).
+int64_t count_parameters(LlamaForCausalLMImpl& model);
+
+}  // namespace gradguard::model

@@ -1,0 +1,43 @@
+// metrics.jsonl: one JSON object per line, appended and flushed as each step finishes so
+// a crash loses at most the line being written and `tail -f` shows progress live.
+#pragma once
+
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace gradguard::train {
+
+// The fields DESIGN.md promises for every optimizer step.
+struct StepMetrics {
+  int64_t step = 0;          // 0-based optimizer step
+  double loss = 0;           // mean target-token loss of the global batch (nats/token)
+  double lr = 0;             // learning rate used at this step
+  double grad_norm = 0;      // global L2 norm of the unscaled gradients before clipping
+  double clip_coef = 1;      // factor the gradients were multiplied by
+  double loss_scale = 1;     // loss scale in effect (1 without dynamic scaling)
+  bool skipped = false;      // the optimizer step was not applied
+  int64_t tokens = 0;        // target tokens in this step's global batch
+  double tokens_per_s = 0;   // tokens / wall time of this step
+  double elapsed_s = 0;      // wall time since training started
+};
+
+class MetricsWriter {
+ public:
+  // Opens `path` for appending. Throws gradguard::Error naming the path on failure.
+  explicit MetricsWriter(const std::string& path);
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+
+  void write_step(const StepMetrics& m);
+  void write_validation(int64_t step, double val_loss);
+  void write(const nlohmann::ordered_json& line);  // any other event line
+
+ private:
+  std::string path_;
+  std::FILE* file_ = nullptr;
+};
+
+}  // namespace gradguard::train

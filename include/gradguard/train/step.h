@@ -1,0 +1,29 @@
+// The pieces of one optimizer step that tests exercise on their own: gradient
+// accumulation over micro-batches with the global-batch token mean, and validation.
+#pragma once
+
+#include <vector>
+
+#include <ATen/Tensor.h>
+
+#include "gradguard/amp/precision.h"
+#include "gradguard/data/token_dataset.h"
+#include "gradguard/model/llama.h"
+
+namespace gradguard::train {
+
+// Forward and backward over every micro-batch of one optimizer step, accumulating into
+// .grad. The loss is the mean over all target tokens of the global batch: each micro-batch
+// contributes sum(token losses) / total_tokens, so micro 4 x accum 8 gives the same
+// gradients as micro 32 x accum 1. `total_tokens` is the target-token count of the whole
+// global batch (across ranks). Returns the global-batch mean loss as a 0-dim tensor on
+// the model's device (no host sync).
+at::Tensor accumulate_gradients(model::LlamaForCausalLMImpl& model, const std::vector<data::Batch>& micro_batches,
+                                int64_t total_tokens, const amp::AmpOptions& amp, const c10::Device& device);
+
+// Mean target-token loss over up to `batches` micro-batches of `micro_batch` samples taken
+// from the start of `dataset` (never wrapping past its end), without gradients. Syncs once.
+double evaluate(model::LlamaForCausalLMImpl& model, const data::TokenDataset& dataset, int64_t micro_batch,
+                int64_t batches, const amp::AmpOptions& amp, const c10::Device& device);
+
+}  // namespace gradguard::train

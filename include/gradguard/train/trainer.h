@@ -1,0 +1,48 @@
+// The training loop (first version): builds the model, data, optimizer and schedule from
+// a validated Config, creates the run directory, and runs the guarded-step skeleton of
+// DESIGN.md: accumulate over micro-batches, measure and clip the gradients, step, log,
+// validate, checkpoint. Non-finite gradients skip the optimizer step instead of
+// poisoning the weights.
+#pragma once
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "gradguard/config/config.h"
+
+namespace gradguard::train {
+
+struct TrainResult {
+  std::string run_dir;
+  std::string checkpoint_dir;   // the final checkpoint
+  int64_t steps = 0;            // optimizer steps run
+  int64_t skipped_steps = 0;
+  int64_t parameters = 0;
+  double first_loss = 0;        // training loss of step 0
+  double final_loss = 0;        // training loss of the last step
+  double initial_val_loss = 0;  // before the first step (NaN without validation data)
+  double final_val_loss = 0;    // after the last step (NaN without validation data)
+  double elapsed_s = 0;
+  double tokens_per_s = 0;      // over the whole run
+};
+
+class Trainer {
+ public:
+  // Validates the data files against the model (vocabulary, sequence length), resolves
+  // model.init_from, and creates the run directory with config.yaml. Throws
+  // gradguard::Error (bad input) for a run directory that already holds a run unless
+  // run.overwrite is set.
+  explicit Trainer(config::Config config, std::FILE* out = stdout);
+  ~Trainer();
+
+  TrainResult run();
+  const config::Config& config() const;
+  const std::string& run_dir() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace gradguard::train

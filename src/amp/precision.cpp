@@ -1,0 +1,41 @@
+// Autocast on/off through the compat layer; the autocast weight cache is cleared when
+// the outermost scope ends, as torch.autocast's __exit__ does.
+#include "gradguard/amp/precision.h"
+
+#include <ATen/autocast_mode.h>
+
+#include "gradguard/core/compat.h"
+#include "gradguard/core/error.h"
+
+namespace gradguard::amp {
+
+void AmpOptions::validate() const {
+  if (dtype != "fp32" && dtype != "bf16" && dtype != "fp16")
+    throw bad_input("amp.dtype", "'" + dtype + "' is not valid (valid: fp32, bf16, fp16)");
+}
+
+void check_supported(const AmpOptions& options, const c10::Device& device) {
+  options.validate();
+  if (options.dtype == "fp32") return;
+  if (!device.is_cpu())
+    throw bad_input("amp.dtype", "autocast on " + device.str() + " is not available in this build");
+  if (options.dtype == "fp16")
+    throw bad_input("amp.dtype", "fp16 autocast needs a GPU; on the CPU use bf16 or fp32");
+}
+
+AutocastScope::AutocastScope(const AmpOptions& options, const c10::Device& device) {
+  check_supported(options, device);
+  if (options.dtype == "fp32") return;
+  previous_ = compat::cpu_autocast_enabled();
+  compat::set_cpu_autocast(true, at::kBFloat16);
+  at::autocast::increment_nesting();
+  active_ = true;
+}
+
+AutocastScope::~AutocastScope() {
+  if (!active_) return;
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  compat::set_cpu_autocast(previous_, at::kBFloat16);
+}
+
+}  // namespace gradguard::amp

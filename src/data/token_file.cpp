@@ -1,0 +1,195 @@
+// Reads and writes llm.c token files. Reading maps the file read-only and validates
+// everything a training run would otherwise trip over much later (a foreign file, a
+// truncated copy, a header that lies about its length, tokens outside the vocabulary),
+// so each of those becomes one bad-input error naming the file. Writing goes through a
+// temporary file in the target directory, fsync and rename, so a crash never leaves a
+// half-written token file under the final name. The on-disk integers are little-endian;
+// the writer converts explicitly and the reader, which hands out a pointer into the map,
+// is only built for little-endian hosts.
+#include "gradguard/data/token_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <utility>
+
+#include "gradguard/core/error.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "TokenFile maps little-endian token files directly and needs a little-endian host"
+#endif
+
+namespace gradguard::data {
+namespace {
+
+std::string errno_text(int err) {
+  return std::strerror(err);
+}
+
+void put_le32(unsigned char* out, int32_t value) {
+  const auto u = static_cast<uint32_t>(value);
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<unsigned char>((u >> (8 * i)) & 0xffu);
+}
+
+int32_t get_le32(const unsigned char* in) {
+  uint32_t u = 0;
+  for (int i = 0; i < 4; ++i) u |= static_cast<uint32_t>(in[i]) << (8 * i);
+  return static_cast<int32_t>(u);
+}
+
+// Writes all `size` bytes, retrying short writes and EINTR. Returns errno or 0.
+int write_all(int fd, const unsigned char* data, size_t size) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd, data, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+  return 0;
+}
+
+// Owns a file descriptor until released; closes it on every error path.
+class FdGuard {
+ public:
+  explicit FdGuard(int fd) : fd_(fd) {}
+  ~FdGuard() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  FdGuard(const FdGuard&) = delete;
+  FdGuard& operator=(const FdGuard&) = delete;
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+}  // namespace
+
+void write_token_file(const std::string& path, const std::vector<uint16_t>& tokens) {
+  namespace fs = std::filesystem;
+  if (tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+    throw bad_input(path, std::to_string(tokens.size()) +
+                              " tokens do not fit the header's int32 token count; "
+                              "split the corpus into several files");
+  }
+  const fs::path target(path);
+  fs::path dir = target.parent_path();
+  if (!dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) throw bad_input(path, "cannot create directory " + dir.string() + ": " + ec.message());
+  }
+
+  std::string tmp = (dir.empty() ? fs::path(".") : dir).string() + "/." +
+                    target.filename().string() + ".tmp-XXXXXX";
+  FdGuard fd(::mkstemp(tmp.data()));
+  if (fd.get() < 0) throw bad_input(path, "cannot create temporary file: " + errno_text(errno));
+  // Removes the temporary file unless it was renamed into place.
+  bool renamed = false;
+  struct TmpCleanup {
+    const std::string& tmp;
+    const bool& renamed;
+    ~TmpCleanup() {
+      if (!renamed) ::unlink(tmp.c_str());
+    }
+  } cleanup{tmp, renamed};
+  auto fail = [&](const std::string& what, int err) {
+    return bad_input(path, what + ": " + errno_text(err));
+  };
+
+  unsigned char header[kTokenFileHeaderBytes] = {};
+  put_le32(header + 0, kTokenFileMagic);
+  put_le32(header + 4, kTokenFileVersion);
+  put_le32(header + 8, static_cast<int32_t>(tokens.size()));
+  if (int err = write_all(fd.get(), header, sizeof(header))) throw fail("cannot write", err);
+
+  // Tokens go out in chunks converted to little-endian bytes.
+  constexpr size_t kChunk = 1 << 16;
+  std::vector<unsigned char> buf(2 * kChunk);
+  for (size_t begin = 0; begin < tokens.size(); begin += kChunk) {
+    const size_t end = std::min(tokens.size(), begin + kChunk);
+    for (size_t i = begin; i < end; ++i) {
+      buf[2 * (i - begin)] = static_cast<unsigned char>(tokens[i] & 0xffu);
+      buf[2 * (i - begin) + 1] = static_cast<unsigned char>(tokens[i] >> 8);
+    }
+    if (int err = write_all(fd.get(), buf.data(), 2 * (end - begin)))
+      throw fail("cannot write", err);
+  }
+  if (::fsync(fd.get()) != 0) throw fail("cannot fsync", errno);
+  if (::close(fd.release()) != 0) throw fail("cannot close", errno);
+  if (::rename(tmp.c_str(), path.c_str()) != 0)
+    throw fail("cannot rename temporary file into place", errno);
+  renamed = true;
+}
+
+TokenFile::TokenFile(const std::string& path, int64_t vocab_size) : path_(path) {
+  FdGuard fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) throw bad_input(path, "cannot open: " + errno_text(errno));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) throw bad_input(path, "cannot stat: " + errno_text(errno));
+  if (!S_ISREG(st.st_mode)) throw bad_input(path, "is not a regular file");
+  const int64_t file_bytes = st.st_size;
+  if (file_bytes < kTokenFileHeaderBytes) {
+    throw bad_input(path, "truncated: " + std::to_string(file_bytes) + " bytes, header needs " +
+                              std::to_string(kTokenFileHeaderBytes));
+  }
+
+  void* map = ::mmap(nullptr, static_cast<size_t>(file_bytes), PROT_READ, MAP_PRIVATE, fd.get(), 0);
+  if (map == MAP_FAILED) throw bad_input(path, "cannot memory-map: " + errno_text(errno));
+  map_ = map;
+  map_bytes_ = file_bytes;
+  // The map outlives the descriptor; from here on a failure must unmap before throwing.
+  try {
+    const auto* bytes = static_cast<const unsigned char*>(map_);
+    const int32_t magic = get_le32(bytes);
+    const int32_t version = get_le32(bytes + 4);
+    const int64_t count = get_le32(bytes + 8);
+    if (magic != kTokenFileMagic) {
+      throw bad_input(path, "bad magic number " + std::to_string(magic) + " (expected " +
+                                std::to_string(kTokenFileMagic) +
+                                "): not a token file written by `gradguard prepare` or llm.c");
+    }
+    if (version != kTokenFileVersion) {
+      throw bad_input(path, "unsupported version " + std::to_string(version) + " (supported: " +
+                                std::to_string(kTokenFileVersion) + ", uint16 tokens)");
+    }
+    const int64_t token_bytes = file_bytes - kTokenFileHeaderBytes;
+    if (count < 0 || 2 * count != token_bytes) {
+      throw bad_input(path, "header says " + std::to_string(count) + " tokens (" +
+                                std::to_string(2 * count) + " bytes) but file has " +
+                                std::to_string(token_bytes) + " bytes of tokens");
+    }
+    tokens_ = reinterpret_cast<const uint16_t*>(bytes + kTokenFileHeaderBytes);
+    num_tokens_ = count;
+    if (vocab_size > 0) {
+      for (int64_t i = 0; i < num_tokens_; ++i) {
+        if (tokens_[i] >= vocab_size) {
+          throw bad_input(path, "token " + std::to_string(tokens_[i]) + " at position " +
+                                    std::to_string(i) + " is outside the vocabulary (vocab_size " +
+                                    std::to_string(vocab_size) + ")");
+        }
+      }
+    }
+  } catch (...) {
+    ::munmap(map_, static_cast<size_t>(map_bytes_));
+    map_ = nullptr;
+    throw;
+  }
+}
+
+TokenFile::~TokenFile() {
+  if (map_ != nullptr) ::munmap(map_, static_cast<size_t>(map_bytes_));
+}
+
+}  // namespace gradguard::data

@@ -1,0 +1,41 @@
+// Causal GQA attention. On LibTorch 1.13 there is no public fused SDPA, so this computes
+// scores with one batched matmul per layer, masks with a cached additive -inf mask,
+// softmaxes in place of a separate scaling pass (the 1/sqrt(hd) is folded into q), and
+// multiplies by V. Query heads of one group are stacked along the row axis, which turns
+// GQA into plain broadcasting-free matmuls against the un-repeated K/V.
+#include "gradguard/model/attention.h"
+
+#include <cmath>
+
+#include <torch/torch.h>
+
+namespace gradguard::model {
+namespace {
+
+// Additive causal mask [G*T, T]: row r is query position r % T.
+torch::Tensor causal_mask(int64_t groups, int64_t T, const torch::TensorOptions& opts) {
+  auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(opts.device()));
+  auto future = pos.unsqueeze(0) > pos.unsqueeze(1);  // [T, T]: key after query
+  auto mask = torch::zeros({T, T}, opts).masked_fill(future, -std::numeric_limits<float>::infinity());
+  return groups == 1 ? mask : mask.repeat({groups, 1});
+}
+
+}  // namespace
+
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), hd = q.size(3);
+  const int64_t KV = k.size(1), G = H / KV;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  // [B, H, T, hd] -> [B, KV, G*T, hd]: heads h = kv*G + g are contiguous per kv head.
+  auto qg = (q * scale).reshape({B, KV, G * T, hd});
+  auto scores = torch::matmul(qg, k.transpose(-2, -1));  // [B, KV, G*T, T]
+  thread_local torch::Tensor mask;
+  if (!mask.defined() || mask.size(0) != G * T || mask.size(1) != T ||
+      mask.device() != scores.device() || mask.scalar_type() != scores.scalar_type())
+    mask = causal_mask(G, T, scores.options());
+  scores = torch::softmax(scores + mask, -1);
+  auto out = torch::matmul(scores, v);  // [B, KV, G*T, hd]
+  return out.reshape({B, H, T, hd});
+}
+
+}  // namespace gradguard::model

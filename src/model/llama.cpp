@@ -1,0 +1,186 @@
+// Llama decoder implementation. Shapes are annotated at each step; the math follows HF
+// LlamaForCausalLM so that checkpoints and logits match the Python ecosystem (checked by
+// tests/model/llama_test.cpp against tests/golden/llama_reference.py).
+#include "gradguard/model/llama.h"
+
+#include <cmath>
+
+#include <torch/torch.h>
+
+#include "gradguard/core/error.h"
+#include "gradguard/model/attention.h"
+
+namespace gradguard::model {
+namespace {
+
+void require(bool ok, const std::string& key, const std::string& what) {
+  if (!ok) throw bad_input(key, what);
+}
+
+torch::nn::Linear linear(int64_t in, int64_t out) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+}
+
+// HF rotate_half: cat(-x2, x1) over the last dimension's two halves.
+torch::Tensor rotate_half(const torch::Tensor& x) {
+  auto halves = x.chunk(2, -1);
+  return torch::cat({-halves[1], halves[0]}, -1);
+}
+
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  // x [B, H, T, hd]; cos/sin [T, hd] broadcast, in x's dtype as HF does under autocast.
+  if (cos.scalar_type() != x.scalar_type())
+    return x * cos.to(x.scalar_type()) + rotate_half(x) * sin.to(x.scalar_type());
+  return x * cos + rotate_half(x) * sin;
+}
+
+}  // namespace
+
+void LlamaOptions::validate() const {
+  require(vocab_size >= 1 && vocab_size <= 1 << 24, "model.vocab_size",
+          "must be in [1, 16777216], got " + std::to_string(vocab_size));
+  require(hidden_size >= 1, "model.hidden_size", "must be >= 1, got " + std::to_string(hidden_size));
+  require(intermediate_size >= 1, "model.intermediate_size",
+          "must be >= 1, got " + std::to_string(intermediate_size));
+  require(num_layers >= 1, "model.num_layers", "must be >= 1, got " + std::to_string(num_layers));
+  require(num_heads >= 1 && hidden_size % num_heads == 0, "model.num_heads",
+          "must be >= 1 and divide model.hidden_size (" + std::to_string(hidden_size) + "), got " +
+              std::to_string(num_heads));
+  require(head_dim() % 2 == 0, "model.num_heads",
+          "head_dim = hidden_size / num_heads must be even for rotary embeddings, got " +
+              std::to_string(head_dim()));
+  require(num_kv_heads >= 1 && num_heads % num_kv_heads == 0, "model.num_kv_heads",
+          "must be >= 1 and divide model.num_heads (" + std::to_string(num_heads) + "), got " +
+              std::to_string(num_kv_heads));
+  require(max_seq_len >= 1, "model.max_seq_len", "must be >= 1, got " + std::to_string(max_seq_len));
+  require(rope_theta > 0, "model.rope_theta", "must be > 0");
+  require(rms_norm_eps > 0 && rms_norm_eps < 1, "model.rms_norm_eps", "must be in (0, 1)");
+  require(init_std > 0 && init_std < 10, "model.init_std", "must be in (0, 10)");
+}
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
+  weight = register_parameter("weight", torch::ones({dim}));
+}
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  // Computed in float32 as HF does, then cast back to the input dtype.
+  auto xf = x.to(torch::kFloat);
+  auto normed = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps_);
+  return weight * normed.to(x.scalar_type());
+}
+
+AttentionImpl::AttentionImpl(const LlamaOptions& o)
+    : num_heads_(o.num_heads), num_kv_heads_(o.num_kv_heads), head_dim_(o.head_dim()) {
+  q_proj = register_module("q_proj", linear(o.hidden_size, o.num_heads * head_dim_));
+  k_proj = register_module("k_proj", linear(o.hidden_size, o.num_kv_heads * head_dim_));
+  v_proj = register_module("v_proj", linear(o.hidden_size, o.num_kv_heads * head_dim_));
+  o_proj = register_module("o_proj", linear(o.num_heads * head_dim_, o.hidden_size));
+}
+
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
+                                     const torch::Tensor& sin) {
+  const int64_t B = x.size(0), T = x.size(1);
+  auto q = q_proj(x).view({B, T, num_heads_, head_dim_}).transpose(1, 2);     // [B, H, T, hd]
+  auto k = k_proj(x).view({B, T, num_kv_heads_, head_dim_}).transpose(1, 2);  // [B, KV, T, hd]
+  auto v = v_proj(x).view({B, T, num_kv_heads_, head_dim_}).transpose(1, 2);  // [B, KV, T, hd]
+  q = apply_rope(q, cos, sin);
+  k = apply_rope(k, cos, sin);
+  auto out = causal_attention(q, k, v);                                        // [B, H, T, hd]
+  return o_proj(out.transpose(1, 2).reshape({B, T, num_heads_ * head_dim_}));
+}
+
+MlpImpl::MlpImpl(const LlamaOptions& o) {
+  gate_proj = register_module("gate_proj", linear(o.hidden_size, o.intermediate_size));
+  up_proj = register_module("up_proj", linear(o.hidden_size, o.intermediate_size));
+  down_proj = register_module("down_proj", linear(o.intermediate_size, o.hidden_size));
+}
+
+torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+  return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
+}
+
+DecoderLayerImpl::DecoderLayerImpl(const LlamaOptions& o) {
+  input_layernorm = register_module("input_layernorm", RMSNorm(o.hidden_size, o.rms_norm_eps));
+  self_attn = register_module("self_attn", Attention(o));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm", RMSNorm(o.hidden_size, o.rms_norm_eps));
+  mlp = register_module("mlp", Mlp(o));
+}
+
+torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
+                                        const torch::Tensor& sin) {
+  auto h = x + self_attn(input_layernorm(x), cos, sin);
+  return h + mlp(post_attention_layernorm(h));
+}
+
+LlamaBackboneImpl::LlamaBackboneImpl(const LlamaOptions& o) {
+  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(o.vocab_size, o.hidden_size));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < o.num_layers; ++i) layers->push_back(DecoderLayer(o));
+  norm = register_module("norm", RMSNorm(o.hidden_size, o.rms_norm_eps));
+}
+
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaOptions& o) : options_(o) {
+  options_.validate();
+  model = register_module("model", LlamaBackbone(o));
+  if (!o.tie_embeddings) lm_head = register_module("lm_head", linear(o.hidden_size, o.vocab_size));
+  reset_parameters();
+}
+
+void LlamaForCausalLMImpl::reset_parameters() {
+  torch::NoGradGuard no_grad;
+  const double std = options_.init_std;
+  const double residual_std = std / std::sqrt(2.0 * options_.num_layers);
+  for (auto& item : named_parameters()) {
+    const std::string& name = item.key();
+    auto& p = item.value();
+    if (name.find("norm") != std::string::npos) {
+      p.fill_(1.0);
+    } else if (name.find("o_proj") != std::string::npos || name.find("down_proj") != std::string::npos) {
+      p.normal_(0.0, residual_std);
+    } else {
+      p.normal_(0.0, std);
+    }
+  }
+}
+
+std::pair<torch::Tensor, torch::Tensor> LlamaForCausalLMImpl::rope_tables(int64_t T,
+                                                                          const torch::Device& device) {
+  if (!cos_.defined() || cos_.size(0) < T || cos_.device() != device) {
+    const int64_t hd = options_.head_dim();
+    const int64_t n = std::max<int64_t>(T, std::min<int64_t>(options_.max_seq_len, 4096));
+    auto f64 = torch::TensorOptions().dtype(torch::kDouble);
+    // inv_freq computed as HF does: in float32 from a float32 exponent.
+    auto exponent = torch::arange(0, hd, 2, torch::kLong).to(torch::kFloat) / static_cast<float>(hd);
+    auto inv_freq = 1.0 / torch::pow(static_cast<float>(options_.rope_theta), exponent);
+    auto t = torch::arange(n, f64).to(torch::kFloat);
+    auto freqs = torch::outer(t, inv_freq);           // [n, hd/2]
+    auto emb = torch::cat({freqs, freqs}, -1);        // [n, hd]
+    cos_ = emb.cos().to(device);
+    sin_ = emb.sin().to(device);
+  }
+  return {cos_.narrow(0, 0, T), sin_.narrow(0, 0, T)};
+}
+
+torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& input_ids) {
+  TORCH_CHECK(input_ids.dim() == 2, "input_ids must be [B, T]");
+  const int64_t T = input_ids.size(1);
+  if (T > options_.max_seq_len)
+    throw bad_input("data.seq_len", "sequence length " + std::to_string(T) +
+                                        " exceeds model.max_seq_len " +
+                                        std::to_string(options_.max_seq_len));
+  auto [cos, sin] = rope_tables(T, input_ids.device());
+  auto x = model->embed_tokens(input_ids);  // [B, T, d]
+  for (const auto& layer : *model->layers) x = layer->as<DecoderLayer>()->forward(x, cos, sin);
+  x = model->norm(x);
+  if (lm_head) return lm_head(x);             // [B, T, V]
+  return torch::matmul(x, model->embed_tokens->weight.t());
+}
+
+int64_t count_parameters(LlamaForCausalLMImpl& model) {
+  int64_t n = 0;
+  for (const auto& p : model.parameters()) n += p.numel();
+  return n;
+}
+
+}  // namespace gradguard::model

@@ -1,0 +1,56 @@
+// JSON-lines metrics. Non-finite numbers (a diverged loss) are written as null, since
+// JSON has no NaN or Infinity, and readers must not choke on a line.
+#include "gradguard/train/metrics.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "gradguard/core/error.h"
+
+namespace gradguard::train {
+namespace {
+nlohmann::json number(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+}  // namespace
+
+MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  file_ = std::fopen(path.c_str(), "a");
+  if (file_ == nullptr) throw runtime_error(path, std::string("cannot open for appending: ") + std::strerror(errno));
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+void MetricsWriter::write(const nlohmann::ordered_json& line) {
+  const std::string text = line.dump() + "\n";
+  if (std::fwrite(text.data(), 1, text.size(), file_) != text.size() || std::fflush(file_) != 0)
+    throw runtime_error(path_, std::string("write failed: ") + std::strerror(errno));
+}
+
+void MetricsWriter::write_step(const StepMetrics& m) {
+  nlohmann::ordered_json j;
+  j["step"] = m.step;
+  j["loss"] = number(m.loss);
+  j["lr"] = m.lr;
+  j["grad_norm"] = number(m.grad_norm);
+  j["clip_coef"] = number(m.clip_coef);
+  j["loss_scale"] = m.loss_scale;
+  j["skipped"] = m.skipped;
+  j["tokens"] = m.tokens;
+  j["tokens_per_s"] = number(m.tokens_per_s);
+  j["elapsed_s"] = m.elapsed_s;
+  write(j);
+}
+
+void MetricsWriter::write_validation(int64_t step, double val_loss) {
+  nlohmann::ordered_json j;
+  j["step"] = step;
+  j["val_loss"] = number(val_loss);
+  write(j);
+}
+
+}  // namespace gradguard::train

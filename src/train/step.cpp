@@ -1,0 +1,51 @@
+// Token-weighted accumulation: each micro-batch's summed cross-entropy is divided by the
+// token count of the whole global batch before backward, which is both exact (no
+// mean-of-means bias when micro-batches differ in size) and what keeps the accumulated
+// gradient equal to one big batch's.
+#include "gradguard/train/step.h"
+
+#include <torch/torch.h>
+
+namespace gradguard::train {
+namespace {
+torch::Tensor summed_loss(model::LlamaForCausalLMImpl& model, const data::Batch& b, const amp::AmpOptions& amp,
+                          const c10::Device& device) {
+  torch::Tensor logits;
+  {
+    amp::AutocastScope autocast(amp, device);
+    logits = model.forward(b.inputs.to(device));  // [B, T, V]
+  }
+  // Cross-entropy in float32 whatever the compute dtype.
+  return torch::nn::functional::cross_entropy(
+      logits.reshape({-1, logits.size(-1)}).to(torch::kFloat), b.targets.to(device).reshape({-1}),
+      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+}
+}  // namespace
+
+at::Tensor accumulate_gradients(model::LlamaForCausalLMImpl& model, const std::vector<data::Batch>& micro_batches,
+                                int64_t total_tokens, const amp::AmpOptions& amp, const c10::Device& device) {
+  TORCH_INTERNAL_ASSERT(total_tokens > 0);
+  torch::Tensor total = torch::zeros({}, torch::TensorOptions().device(device));
+  for (const auto& b : micro_batches) {
+    auto loss = summed_loss(model, b, amp, device) / static_cast<double>(total_tokens);
+    loss.backward();
+    total += loss.detach();
+  }
+  return total;
+}
+
+double evaluate(model::LlamaForCausalLMImpl& model, const data::TokenDataset& dataset, int64_t micro_batch,
+                int64_t batches, const amp::AmpOptions& amp, const c10::Device& device) {
+  torch::NoGradGuard no_grad;
+  const int64_t samples = std::min(micro_batch * batches, dataset.num_samples());
+  torch::Tensor sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
+  int64_t tokens = 0;
+  for (int64_t first = 0; first < samples; first += micro_batch) {
+    auto b = dataset.batch(first, std::min(micro_batch, samples - first));
+    sum += summed_loss(model, b, amp, device).to(torch::kDouble);
+    tokens += b.targets.numel();
+  }
+  return sum.item<double>() / static_cast<double>(tokens);
+}
+
+}  // namespace gradguard::train

@@ -1,0 +1,222 @@
+// The loop reads top to bottom: per step, set the lr, accumulate gradients over the
+// micro-batches, clip (the one host sync of the step, which also reads the loss), step
+// the optimizer unless the gradients are non-finite, then write metrics, validate and
+// checkpoint on their cadences. Checkpoints are written to a temporary directory and
+// renamed, so a crash never leaves a half-written one behind.
+#include "gradguard/train/trainer.h"
+
+#include <chrono>
+#include <ctime>
+#include <filesystem>
+#include <limits>
+
+#include <torch/torch.h>
+
+#include "gradguard/checkpoint/hf_checkpoint.h"
+#include "gradguard/core/error.h"
+#include "gradguard/core/fs.h"
+#include "gradguard/core/threads.h"
+#include "gradguard/data/token_dataset.h"
+#include "gradguard/grad/clip.h"
+#include "gradguard/optim/optimizer.h"
+#include "gradguard/optim/schedule.h"
+#include "gradguard/train/metrics.h"
+#include "gradguard/train/progress.h"
+#include "gradguard/train/step.h"
+
+namespace gradguard::train {
+namespace stdfs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+struct Trainer::State {
+  config::Config cfg;
+  std::FILE* out = stdout;
+  torch::Device device = torch::kCPU;
+  std::string run_dir;
+  ThreadReport threads;
+  model::LlamaForCausalLM model{nullptr};
+  std::shared_ptr<data::TokenDataset> train, val;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::vector<torch::Tensor> params;
+};
+
+namespace {
+
+torch::Device resolve_device(const std::string& name) {
+  if (name == "cpu") return torch::kCPU;
+  if (name == "auto") return torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+  if (!torch::cuda::is_available())
+    throw bad_input("run.device", "'" + name + "' requested but this LibTorch build sees no CUDA/ROCm device");
+  return torch::Device(name);
+}
+
+std::string default_run_name(const config::Config& c) {
+  std::time_t now = std::time(nullptr);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
+  return "llama-" + std::to_string(c.model.num_layers) + "x" + std::to_string(c.model.hidden_size) + "-" + stamp;
+}
+
+std::string step_dir_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%07lld", static_cast<long long>(step));
+  return buf;
+}
+
+// Saves the model under checkpoints/step-NNNNNNN atomically and prunes old ones.
+std::string save_checkpoint(const std::string& run_dir, model::LlamaForCausalLMImpl& model, int64_t steps_done,
+                            int64_t keep_last) {
+  const stdfs::path root = stdfs::path(run_dir) / "checkpoints";
+  const stdfs::path final_dir = root / step_dir_name(steps_done);
+  const stdfs::path tmp_dir = root / (".tmp-" + step_dir_name(steps_done));
+  stdfs::remove_all(tmp_dir);
+  checkpoint::save_hf_model(tmp_dir.string(), model);
+  stdfs::remove_all(final_dir);
+  stdfs::rename(tmp_dir, final_dir);
+  fs::write_file_atomic((root / "latest").string(), step_dir_name(steps_done) + "\n");
+  if (keep_last > 0) {
+    std::vector<stdfs::path> dirs;
+    for (const auto& e : stdfs::directory_iterator(root))
+      if (e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0) dirs.push_back(e.path());
+    std::sort(dirs.begin(), dirs.end());
+    for (size_t i = 0; i + keep_last < dirs.size(); ++i) stdfs::remove_all(dirs[i]);
+  }
+  return final_dir.string();
+}
+
+}  // namespace
+
+Trainer::Trainer(config::Config config, std::FILE* out) : s_(std::make_unique<State>()) {
+  s_->out = out;
+  auto& c = s_->cfg = std::move(config);
+  c.finalize();
+  s_->device = resolve_device(c.run.device);
+  amp::check_supported(c.amp, s_->device);
+  s_->threads = configure_threads(c.run.threads);
+  torch::manual_seed(c.run.seed);
+
+  if (!c.model.init_from.empty()) {
+    auto from = c.model.init_from;
+    c.model = checkpoint::read_hf_config(from, c.model);
+    c.model.init_from = from;
+    c.finalize();
+  }
+  auto train_file = std::make_shared<data::TokenFile>(c.data.train_path, c.model.vocab_size);
+  s_->train = std::make_shared<data::TokenDataset>(train_file, c.data.seq_len, c.data.shuffle, c.run.seed);
+  if (!c.data.val_path.empty()) {
+    auto val_file = std::make_shared<data::TokenFile>(c.data.val_path, c.model.vocab_size);
+    s_->val = std::make_shared<data::TokenDataset>(val_file, c.data.seq_len, false, c.run.seed);
+  }
+
+  s_->model = model::LlamaForCausalLM(c.model);
+  if (!c.model.init_from.empty()) checkpoint::load_hf_weights(c.model.init_from, *s_->model);
+  s_->model->to(s_->device);
+  optim::NamedParameters named;
+  for (const auto& item : s_->model->named_parameters()) {
+    named.emplace_back(item.key(), item.value());
+    s_->params.push_back(item.value());
+  }
+  s_->optimizer = optim::make_optimizer(named, c.optim);
+
+  if (c.run.name.empty()) c.run.name = default_run_name(c);
+  s_->run_dir = (stdfs::path(c.run.dir) / c.run.name).string();
+  const bool has_run = fs::exists(s_->run_dir + "/metrics.jsonl") || fs::exists(s_->run_dir + "/config.yaml");
+  if (has_run && !c.run.overwrite)
+    throw bad_input("run.name", "run directory '" + s_->run_dir +
+                                    "' already holds a run; choose another run.name or set run.overwrite=true");
+  if (has_run) {
+    stdfs::remove(s_->run_dir + "/metrics.jsonl");
+    stdfs::remove_all(s_->run_dir + "/checkpoints");
+  }
+  stdfs::create_directories(s_->run_dir);
+  fs::write_file_atomic(s_->run_dir + "/config.yaml", config::to_yaml(c));
+}
+
+Trainer::~Trainer() = default;
+const config::Config& Trainer::config() const { return s_->cfg; }
+const std::string& Trainer::run_dir() const { return s_->run_dir; }
+
+TrainResult Trainer::run() {
+  const auto& c = s_->cfg;
+  auto& model = *s_->model;
+  const optim::LrSchedule schedule(c.optim.lr, c.schedule);
+  MetricsWriter metrics(s_->run_dir + "/metrics.jsonl");
+  Progress progress(c.log.progress, c.schedule.total_steps, c.log.every, s_->out);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+
+  TrainResult result;
+  result.run_dir = s_->run_dir;
+  result.parameters = model::count_parameters(model);
+  result.initial_val_loss = result.final_val_loss = nan;
+  char header[512];
+  std::snprintf(header, sizeof header,
+                "gradguard %s | model %lld params (%lld layers x %lld wide) | %lld seq x %lld tokens = %lld tokens/step "
+                "(micro %lld x accum %lld) | %lld threads, BLAS %s | run %s",
+                GRADGUARD_VERSION, (long long)result.parameters, (long long)c.model.num_layers,
+                (long long)c.model.hidden_size, (long long)c.batch.global_batch, (long long)c.data.seq_len,
+                (long long)(c.batch.global_batch * c.data.seq_len), (long long)c.batch.micro_batch,
+                (long long)c.batch.accum_steps, (long long)s_->threads.intra_op, s_->threads.blas.c_str(),
+                s_->run_dir.c_str());
+  progress.line(header);
+
+  auto validate = [&](int64_t step) {
+    if (!s_->val) return nan;
+    double v = evaluate(model, *s_->val, c.batch.micro_batch, c.eval.batches, c.amp, s_->device);
+    metrics.write_validation(step, v);
+    char msg[128];
+    std::snprintf(msg, sizeof msg, "step %lld/%lld | val_loss %.4f", (long long)step,
+                  (long long)c.schedule.total_steps, v);
+    progress.line(msg);
+    return v;
+  };
+  model.train();
+  result.initial_val_loss = validate(0);
+
+  const int64_t tokens_per_step = c.batch.global_batch * c.data.seq_len;
+  const auto start = Clock::now();
+  for (int64_t step = 0; step < c.schedule.total_steps; ++step) {
+    const auto step_start = Clock::now();
+    const double lr = schedule.lr_at(step);
+    optim::set_learning_rate(*s_->optimizer, lr);
+    for (auto& p : s_->params) p.mutable_grad() = torch::Tensor();  // set_to_none: fresh buffers
+
+    // Sample k = (step * accum + m) * micro + b (DESIGN.md deterministic order).
+    std::vector<data::Batch> micro;
+    for (int64_t m = 0; m < c.batch.accum_steps; ++m)
+      micro.push_back(s_->train->batch((step * c.batch.accum_steps + m) * c.batch.micro_batch, c.batch.micro_batch));
+    auto loss = accumulate_gradients(model, micro, tokens_per_step, c.amp, s_->device);
+
+    auto clip = grad::clip_gradients(s_->params, c.clip);
+    StepMetrics m;
+    m.step = step;
+    m.loss = loss.item<double>();
+    m.lr = lr;
+    m.grad_norm = clip.grad_norm;
+    m.clip_coef = clip.clip_coef;
+    m.skipped = !std::isfinite(clip.grad_norm);
+    if (m.skipped) ++result.skipped_steps;
+    else s_->optimizer->step();
+    m.tokens = tokens_per_step;
+    const double dt = std::chrono::duration<double>(Clock::now() - step_start).count();
+    m.tokens_per_s = tokens_per_step / dt;
+    m.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
+    metrics.write_step(m);
+    progress.step(m);
+    if (step == 0) result.first_loss = m.loss;
+    result.final_loss = m.loss;
+    result.steps = step + 1;
+
+    const bool last = step + 1 == c.schedule.total_steps;
+    if (c.eval.every > 0 && (step + 1) % c.eval.every == 0 && !last) validate(step + 1);
+    if (c.checkpoint.every > 0 && (step + 1) % c.checkpoint.every == 0 && !last)
+      save_checkpoint(s_->run_dir, model, step + 1, c.checkpoint.keep_last);
+  }
+  result.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
+  result.tokens_per_s = result.steps * tokens_per_step / std::max(result.elapsed_s, 1e-9);
+  result.final_val_loss = validate(result.steps);
+  result.checkpoint_dir = save_checkpoint(s_->run_dir, model, result.steps, c.checkpoint.keep_last);
+  progress.finish();
+  return result;
+}
+
+}  // namespace gradguard::train

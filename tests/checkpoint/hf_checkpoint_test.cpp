@@ -1,0 +1,96 @@
+// HF directories: save/load round trip, and the errors for mismatched or missing tensors
+// and bad config.json files.
+#include "gradguard/checkpoint/hf_checkpoint.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "golden_util.h"
+#include "gradguard/checkpoint/safetensors.h"
+#include "gradguard/core/error.h"
+
+namespace gradguard::checkpoint {
+namespace {
+using ::testing::HasSubstr;
+
+model::LlamaOptions small() {
+  model::LlamaOptions o;
+  o.hidden_size = 32;
+  o.intermediate_size = 48;
+  o.num_layers = 2;
+  return o;
+}
+
+void expect_bad(const std::function<void()>& fn, const std::string& needle) {
+  try {
+    fn();
+    FAIL() << "expected: " << needle;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kBadInput);
+    EXPECT_THAT(e.what(), HasSubstr(needle));
+  }
+}
+
+TEST(HfCheckpoint, RoundTrip) {
+  test::TempDir dir;
+  torch::manual_seed(1);
+  model::LlamaForCausalLM a(small());
+  save_hf_model(dir.path(), *a);
+  auto cfg = nlohmann::json::parse(test::read_text(dir.file("config.json")));
+  EXPECT_EQ(cfg["num_hidden_layers"], 2);
+  EXPECT_EQ(cfg["model_type"], "llama");
+  auto opts = read_hf_config(dir.path(), model::LlamaOptions{});
+  EXPECT_EQ(opts.hidden_size, 32);
+  EXPECT_EQ(opts.num_kv_heads, small().num_kv_heads);
+  torch::manual_seed(2);
+  model::LlamaForCausalLM b(opts);
+  load_hf_weights(dir.path(), *b);
+  auto x = torch::randint(0, 256, {2, 5}, torch::kLong);
+  EXPECT_TRUE(torch::equal(a->forward(x), b->forward(x)));
+}
+
+TEST(HfCheckpoint, ShapeMismatchNamesTensor) {
+  test::TempDir dir;
+  model::LlamaForCausalLM a(small());
+  save_hf_model(dir.path(), *a);
+  auto bigger = small();
+  bigger.hidden_size = 64;
+  model::LlamaForCausalLM b(bigger);
+  auto before = b->named_parameters()["model.norm.weight"].clone();
+  expect_bad([&] { load_hf_weights(dir.path(), *b); }, "model.embed_tokens.weight' has shape");
+  EXPECT_TRUE(torch::equal(before, b->named_parameters()["model.norm.weight"]));  // untouched
+}
+
+TEST(HfCheckpoint, MissingAndUnexpectedTensors) {
+  test::TempDir dir;
+  model::LlamaForCausalLM a(small());
+  NamedTensors partial;
+  for (const auto& item : a->named_parameters())
+    if (item.key() != "model.norm.weight") partial.emplace_back(item.key(), item.value());
+  save_safetensors(dir.file("model.safetensors"), partial);
+  expect_bad([&] { load_hf_weights(dir.path(), *a); }, "missing tensor 'model.norm.weight'");
+  partial.emplace_back("model.norm.weight", torch::ones({32}));
+  partial.emplace_back("model.extra.weight", torch::ones({2}));
+  save_safetensors(dir.file("model.safetensors"), partial);
+  expect_bad([&] { load_hf_weights(dir.path(), *a); }, "unexpected tensor 'model.extra.weight'");
+}
+
+TEST(HfCheckpoint, BadConfigJson) {
+  test::TempDir dir;
+  test::write_text(dir.file("config.json"), "{ nope");
+  expect_bad([&] { read_hf_config(dir.path(), {}); }, "not valid JSON");
+  test::write_text(dir.file("config.json"), R"({"hidden_size": 32})");
+  expect_bad([&] { read_hf_config(dir.path(), {}); }, "missing key 'intermediate_size'");
+  test::write_text(dir.file("config.json"), R"({"model_type": "gpt2"})");
+  expect_bad([&] { read_hf_config(dir.path(), {}); }, "not supported");
+  test::write_text(dir.file("config.json"),
+                   R"({"hidden_size": 30, "intermediate_size": 8, "num_hidden_layers": 1,
+                       "num_attention_heads": 4, "vocab_size": 10})");
+  expect_bad([&] { read_hf_config(dir.path(), {}); }, "model.num_heads");
+  expect_bad([&] { read_hf_config(dir.file("nonexistent"), {}); }, "config.json");
+}
+
+}  // namespace
+}  // namespace gradguard::checkpoint

@@ -1,0 +1,141 @@
+// Configuration: defaults, files, --set overrides, every kind of rejected input with the
+// key named, the YAML round trip, and docs/config.md kept in step with the code.
+#include "gradguard/config/config.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "gradguard/core/error.h"
+#include "test_util.h"
+
+namespace gradguard::config {
+namespace {
+using ::testing::HasSubstr;
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), 2) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "no error thrown";
+  return "";
+}
+
+std::string error_of_set(const std::string& assignment) {
+  return error_of([&] { load_config("", {assignment}); });
+}
+
+TEST(Config, DefaultIsValidAndDescribesTheTinyLlama) {
+  Config c = load_config("", {});
+  EXPECT_EQ(c.model.num_layers, 4);
+  EXPECT_EQ(c.model.hidden_size, 128);
+  EXPECT_EQ(c.batch.global_batch * c.data.seq_len, 8192);  // tokens per optimizer step
+  EXPECT_EQ(c.data.train_path, "data/brown/train.bin");
+}
+
+TEST(Config, FileThenOverrides) {
+  test::TempDir dir;
+  test::write_text(dir.file("c.yaml"), "optim:\n  lr: 1.0e-3\n  betas: [0.8, 0.9]\nbatch:\n  micro_batch: 8\n");
+  Config c = load_config(dir.file("c.yaml"), {"optim.lr=2e-3", "optim.betas=[0.9,0.95]", "model.tie_embeddings=true"});
+  EXPECT_DOUBLE_EQ(c.optim.lr, 2e-3);
+  EXPECT_DOUBLE_EQ(c.optim.betas[0], 0.9);
+  EXPECT_DOUBLE_EQ(c.optim.betas[1], 0.95);
+  EXPECT_EQ(c.batch.micro_batch, 8);
+  EXPECT_TRUE(c.model.tie_embeddings);
+}
+
+TEST(Config, GlobalBatchDerivesAccumulation) {
+  Config c = load_config("", {"batch.micro_batch=8", "batch.global_batch=64"});
+  EXPECT_EQ(c.batch.accum_steps, 8);
+  c = load_config("", {"batch.micro_batch=8", "batch.accum_steps=3"});
+  EXPECT_EQ(c.batch.global_batch, 24);
+  EXPECT_THAT(error_of_set("batch.global_batch=60"), HasSubstr("not a multiple of batch.micro_batch"));
+  EXPECT_THAT(error_of([] { load_config("", {"batch.require_pow2=true", "batch.accum_steps=3"}); }),
+              HasSubstr("batch.accum_steps: 3 is not a power of 2"));
+}
+
+TEST(Config, UnknownKeysSuggestTheNearest) {
+  EXPECT_THAT(error_of_set("optim.lrr=1"), HasSubstr("did you mean 'optim.lr'"));
+  EXPECT_THAT(error_of_set("schedule.warmup=5"), HasSubstr("did you mean 'schedule.warmup_steps'"));
+  EXPECT_THAT(error_of_set("bogus.thing=1"), HasSubstr("unknown key"));
+  test::TempDir dir;
+  test::write_text(dir.file("c.yaml"), "optimizer:\n  lr: 1\n");
+  auto msg = error_of([&] { load_config(dir.file("c.yaml"), {}); });
+  EXPECT_THAT(msg, HasSubstr(dir.file("c.yaml")));
+  EXPECT_THAT(msg, HasSubstr("did you mean 'optim'"));
+  test::write_text(dir.file("d.yaml"), "batch:\n  micro_bach: 4\n");
+  EXPECT_THAT(error_of([&] { load_config(dir.file("d.yaml"), {}); }),
+              HasSubstr("batch.micro_bach: unknown key (did you mean 'batch.micro_batch'?)"));
+}
+
+TEST(Config, WrongTypesNameKeyAndValue) {
+  EXPECT_THAT(error_of_set("optim.lr=fast"), HasSubstr("optim.lr: expected a number, got 'fast'"));
+  EXPECT_THAT(error_of_set("batch.micro_batch=2.5"), HasSubstr("batch.micro_batch: expected integer, got '2.5'"));
+  EXPECT_THAT(error_of_set("data.shuffle=maybe"), HasSubstr("expected a boolean"));
+  EXPECT_THAT(error_of_set("optim.betas=[0.9]"), HasSubstr("expected a list of 2 numbers"));
+  EXPECT_THAT(error_of_set("run.seed=-1"), HasSubstr("run.seed: expected non-negative integer"));
+  EXPECT_THAT(error_of_set("optim.lr"), HasSubstr("expected key.path=value"));
+}
+
+TEST(Config, OutOfRangeValuesNameWhatIsValid) {
+  EXPECT_THAT(error_of_set("optim.lr=-0.001"), HasSubstr("optim.lr: must be a finite number > 0"));
+  EXPECT_THAT(error_of_set("batch.micro_batch=0"), HasSubstr("batch.micro_batch: must be >= 1, got 0"));
+  EXPECT_THAT(error_of_set("schedule.warmup_steps=500"),
+              HasSubstr("schedule.warmup_steps: must be in [0, schedule.total_steps = 200], got 500"));
+  EXPECT_THAT(error_of_set("schedule.min_lr=1"), HasSubstr("schedule.min_lr: must be <= optim.lr"));
+  EXPECT_THAT(error_of_set("clip.strategy=sometimes"), HasSubstr("valid: none, global"));
+  EXPECT_THAT(error_of_set("amp.dtype=fp8"), HasSubstr("valid: fp32, bf16, fp16"));
+  EXPECT_THAT(error_of_set("data.seq_len=4096"), HasSubstr("data.seq_len: must be <= model.max_seq_len"));
+  EXPECT_THAT(error_of_set("model.num_kv_heads=3"), HasSubstr("model.num_kv_heads"));
+  EXPECT_THAT(error_of_set("run.device=tpu"), HasSubstr("valid: cpu, auto, cuda, cuda:N"));
+  EXPECT_THAT(error_of_set("log.progress=fancy"), HasSubstr("log.progress"));
+  EXPECT_THAT(error_of_set("eval.batches=0"), HasSubstr("eval.batches"));
+  EXPECT_THAT(error_of_set("checkpoint.keep_last=-2"), HasSubstr("checkpoint.keep_last"));
+}
+
+TEST(Config, BadFiles) {
+  test::TempDir dir;
+  EXPECT_THAT(error_of([&] { load_config(dir.file("missing.yaml"), {}); }), HasSubstr("missing.yaml: cannot open"));
+  test::write_text(dir.file("bad.yaml"), "optim:\n  lr: [1, 2\n");
+  EXPECT_THAT(error_of([&] { load_config(dir.file("bad.yaml"), {}); }), HasSubstr("invalid YAML at line"));
+  test::write_text(dir.file("list.yaml"), "- 1\n- 2\n");
+  EXPECT_THAT(error_of([&] { load_config(dir.file("list.yaml"), {}); }), HasSubstr("top level must be a mapping"));
+  test::write_text(dir.file("sec.yaml"), "optim: 3\n");
+  EXPECT_THAT(error_of([&] { load_config(dir.file("sec.yaml"), {}); }), HasSubstr("a section must be a mapping"));
+  test::write_text(dir.file("empty.yaml"), "");
+  EXPECT_NO_THROW(load_config(dir.file("empty.yaml"), {}));
+}
+
+TEST(Config, YamlRoundTrip) {
+  Config a = load_config("", {"optim.lr=0.00123", "run.name=x y", "optim.betas=[0.85,0.999]", "data.shuffle=true",
+                              "schedule.decay=linear", "batch.global_batch=128"});
+  test::TempDir dir;
+  test::write_text(dir.file("c.yaml"), to_yaml(a));
+  Config b = load_config(dir.file("c.yaml"), {});
+  EXPECT_EQ(to_yaml(a), to_yaml(b));
+  EXPECT_DOUBLE_EQ(b.optim.lr, 0.00123);
+  EXPECT_EQ(b.run.name, "x y");
+  EXPECT_EQ(b.batch.accum_steps, 128 / 32);
+}
+
+TEST(Config, ShippedPresetsLoad) {
+  for (const char* preset : {"configs/default.yaml", "configs/tiny.yaml"})
+    EXPECT_NO_THROW(load_config(test::source_path(preset), {})) << preset;
+  // The shipped default.yaml is the built-in default.
+  EXPECT_EQ(to_yaml(load_config(test::source_path("configs/default.yaml"), {})), to_yaml(load_config("", {})));
+}
+
+TEST(Config, ReferenceDocIsUpToDate) {
+  EXPECT_EQ(test::read_text(test::source_path("docs/config.md")), reference_markdown())
+      << "regenerate with: build/gradguard config docs > docs/config.md";
+}
+
+TEST(Config, NearestKey) {
+  EXPECT_EQ(nearest_key("optim.lrr", {"optim.lr", "optim.eps"}), "optim.lr");
+  EXPECT_EQ(nearest_key("zzzzzzzz", {"optim.lr"}), "");
+}
+
+}  // namespace
+}  // namespace gradguard::config

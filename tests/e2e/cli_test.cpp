@@ -1,0 +1,169 @@
+// End-to-end: the `gradguard` executable on small prepared data. Checks the run
+// directory contract of DESIGN.md (config.yaml, metrics.jsonl fields, checkpoints that
+// load back), `init_from`, `config show`, and that every bad-input path exits with code 2
+// and a message naming the file or key.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "gradguard/checkpoint/hf_checkpoint.h"
+#include "gradguard/data/token_file.h"
+#include "test_util.h"
+
+namespace gradguard {
+namespace {
+using ::testing::HasSubstr;
+using test::run_cli;
+
+// A temp dir with prepared byte-level data from a generated text.
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::ostringstream text;
+    for (int i = 0; i < 400; ++i) text << "The quick brown fox " << i << " jumps over the lazy dog.\n";
+    test::write_text(dir_.file("corpus.txt"), text.str());
+    auto r = run_cli("prepare corpus.txt --out data --val-fraction 0.2", dir_.path());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  std::string train_args(const std::string& extra = "") const {
+    return "train --config '" + test::source_path("configs/tiny.yaml") +
+           "' --set data.train_path=data/train.bin --set data.val_path=data/val.bin " + extra;
+  }
+  std::vector<nlohmann::json> metrics(const std::string& run) const {
+    std::vector<nlohmann::json> lines;
+    std::istringstream in(test::read_text(dir_.file("runs/" + run + "/metrics.jsonl")));
+    for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+    return lines;
+  }
+  test::TempDir dir_;
+};
+
+TEST_F(Cli, TrainWritesTheRunDirectory) {
+  auto r = run_cli(train_args(), dir_.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("summary: 6 steps"));
+  EXPECT_THAT(r.output, HasSubstr("val_loss"));
+  const std::string run = dir_.file("runs/tiny");
+  EXPECT_TRUE(std::filesystem::exists(run + "/config.yaml"));
+  EXPECT_THAT(test::read_text(run + "/config.yaml"), HasSubstr("train_path: \"data/train.bin\""));
+
+  int steps = 0, vals = 0;
+  for (const auto& m : metrics("tiny")) {
+    if (m.contains("val_loss")) {
+      ++vals;
+      continue;
+    }
+    for (const char* key : {"step", "loss", "lr", "grad_norm", "clip_coef", "loss_scale", "skipped", "tokens",
+                            "tokens_per_s"})
+      EXPECT_TRUE(m.contains(key)) << key << " missing in " << m.dump();
+    EXPECT_EQ(m["step"], steps);
+    EXPECT_EQ(m["tokens"], 4 * 2 * 16);
+    EXPECT_FALSE(m["skipped"].get<bool>());
+    ++steps;
+  }
+  EXPECT_EQ(steps, 6);
+  EXPECT_EQ(vals, 3);  // before training, after step 3, at the end
+  auto lines = metrics("tiny");
+  EXPECT_NEAR(lines[1]["lr"].get<double>(), 3e-3 / 2, 1e-12);  // warmup step 0: lr * 1/W
+
+  // keep_last 2: step-4 and the final step-6 remain; both load as HF checkpoints.
+  EXPECT_FALSE(std::filesystem::exists(run + "/checkpoints/step-0000002"));
+  EXPECT_TRUE(std::filesystem::exists(run + "/checkpoints/step-0000004/model.safetensors"));
+  EXPECT_EQ(test::read_text(run + "/checkpoints/latest"), "step-0000006\n");
+  auto opts = checkpoint::read_hf_config(run + "/checkpoints/step-0000006", {});
+  EXPECT_EQ(opts.hidden_size, 32);
+  model::LlamaForCausalLM m(opts);
+  EXPECT_NO_THROW(checkpoint::load_hf_weights(run + "/checkpoints/step-0000006", *m));
+}
+
+TEST_F(Cli, InitFromContinuesFromACheckpoint) {
+  ASSERT_EQ(run_cli(train_args(), dir_.path()).exit_code, 0);
+  auto r = run_cli(train_args("--name second --set model.init_from=runs/tiny/checkpoints/step-0000006 "
+                              "--set model.hidden_size=64"),
+                   dir_.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // The checkpoint's architecture wins over the config's, and the effective config says so.
+  EXPECT_THAT(test::read_text(dir_.file("runs/second/config.yaml")), HasSubstr("hidden_size: 32"));
+  // A trained model starts far below ln(256) = 5.55.
+  EXPECT_LT(metrics("second")[0]["val_loss"].get<double>(), metrics("tiny")[0]["val_loss"].get<double>() - 0.3);
+}
+
+TEST_F(Cli, RefusesToOverwriteARun) {
+  ASSERT_EQ(run_cli(train_args(), dir_.path()).exit_code, 0);
+  const std::string before = test::read_text(dir_.file("runs/tiny/metrics.jsonl"));
+  auto r = run_cli(train_args(), dir_.path());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("run.name: run directory 'runs/tiny' already holds a run"));
+  EXPECT_EQ(test::read_text(dir_.file("runs/tiny/metrics.jsonl")), before);  // nothing lost
+  EXPECT_EQ(run_cli(train_args("--set run.overwrite=true"), dir_.path()).exit_code, 0);
+}
+
+TEST_F(Cli, BadConfigExitsTwoNamingTheKey) {
+  struct Case {
+    std::string args, needle;
+  };
+  std::vector<Case> cases = {
+      {"--set optim.lrr=1", "did you mean 'optim.lr'"},
+      {"--set optim.lr=-1", "optim.lr: must be a finite number > 0"},
+      {"--set schedule.warmup_steps=100", "schedule.warmup_steps"},
+      {"--set batch.micro_batch=0", "batch.micro_batch: must be >= 1, got 0"},
+      {"--set batch.micro_batch=abc", "expected integer, got 'abc'"},
+      {"--set amp.dtype=fp16", "amp.dtype: fp16 autocast needs a GPU"},
+      {"--set run.device=cuda", "run.device"},
+      {"--set data.train_path=nope.bin", "nope.bin"},
+      {"--set model.vocab_size=100", "outside the vocabulary"},
+      {"--set model.init_from=missing_dir", "missing_dir/config.json"},
+  };
+  for (const auto& c : cases) {
+    auto r = run_cli(train_args(c.args), dir_.path());
+    EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;
+    EXPECT_THAT(r.output, HasSubstr(c.needle)) << c.args;
+  }
+  auto r = run_cli("train --config missing.yaml", dir_.path());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("missing.yaml: cannot open"));
+  EXPECT_FALSE(std::filesystem::exists(dir_.file("runs")));  // nothing created on bad input
+}
+
+TEST_F(Cli, BadDataExitsTwoNamingTheFile) {
+  test::write_text(dir_.file("data/garbage.bin"), std::string(2048, 'x'));
+  auto r = run_cli(train_args("--set data.train_path=data/garbage.bin"), dir_.path());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("data/garbage.bin"));
+  EXPECT_THAT(r.output, HasSubstr("magic"));
+  data::write_token_file(dir_.file("data/short.bin"), {1, 2, 3});
+  r = run_cli(train_args("--set data.train_path=data/short.bin"), dir_.path());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("data/short.bin"));
+}
+
+TEST_F(Cli, ConfigShowPrintsEffectiveConfig) {
+  auto r = run_cli("config show --set optim.lr=0.01 --set optim.betas=[0.9,0.95]", dir_.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("lr: 0.01"));
+  EXPECT_THAT(r.output, HasSubstr("betas: [0.9, 0.95]"));
+  r = run_cli("config show --set clip.max=1", dir_.path());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("did you mean 'clip.max_norm'"));
+}
+
+TEST_F(Cli, PrepareErrorsExitTwo) {
+  auto r = run_cli("prepare corpus.txt --out data", dir_.path());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("--force"));
+  r = run_cli("prepare nothing.txt --out data2", dir_.path());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("nothing.txt"));
+  test::write_text(dir_.file("bad.jsonl"), "{\"text\": \"ok\"}\n{\"txt\": 1}\n");
+  r = run_cli("prepare bad.jsonl --out data3", dir_.path());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("bad.jsonl:2"));
+  r = run_cli("train --bogus-flag", dir_.path());
+  EXPECT_EQ(r.exit_code, 2);
+}
+
+}  // namespace
+}  // namespace gradguard

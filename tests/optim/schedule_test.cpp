@@ -1,0 +1,86 @@
+// LrSchedule against torch.optim.lr_scheduler (LinearLR warmup + CosineAnnealingLR /
+// LinearLR / ConstantLR via SequentialLR), golden values in tests/golden/schedule.json.
+#include "gradguard/optim/schedule.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "golden_util.h"
+#include "gradguard/core/error.h"
+
+namespace gradguard::optim {
+namespace {
+using ::testing::HasSubstr;
+
+TEST(Schedule, MatchesTorchSchedulers) {
+  auto golden = test::load_golden("schedule.json");
+  ASSERT_GE(golden["cases"].size(), 5u);
+  for (const auto& c : golden["cases"]) {
+    ScheduleOptions o;
+    o.warmup_steps = c["warmup_steps"];
+    o.total_steps = c["total_steps"];
+    o.decay = c["decay"];
+    o.min_lr = c["min_lr"];
+    LrSchedule s(c["lr"].get<double>(), o);
+    const auto lrs = c["lrs"].get<std::vector<double>>();
+    ASSERT_EQ(static_cast<int64_t>(lrs.size()), o.total_steps);
+    for (size_t i = 0; i < lrs.size(); ++i)
+      EXPECT_NEAR(s.lr_at(static_cast<int64_t>(i)), lrs[i], 1e-9 * c["lr"].get<double>())
+          << o.decay << " W=" << o.warmup_steps << " step " << i;
+  }
+}
+
+TEST(Schedule, FloorAfterTotalAndNeverBelowMin) {
+  ScheduleOptions o;
+  o.warmup_steps = 3;
+  o.total_steps = 10;
+  o.min_lr = 1e-4;
+  for (const char* decay : {"cosine", "linear"}) {
+    o.decay = decay;
+    LrSchedule s(1e-3, o);
+    for (int64_t step = 0; step < 40; ++step) EXPECT_GE(s.lr_at(step), 1e-4);
+    EXPECT_DOUBLE_EQ(s.lr_at(10), 1e-4);
+    EXPECT_DOUBLE_EQ(s.lr_at(1000), 1e-4);
+    EXPECT_DOUBLE_EQ(s.lr_at(3), 1e-3);  // peak exactly at s = W
+  }
+  o.decay = "constant";
+  EXPECT_DOUBLE_EQ(LrSchedule(1e-3, o).lr_at(500), 1e-3);
+}
+
+TEST(Schedule, WarmupIsLinearFromFirstStep) {
+  ScheduleOptions o;
+  o.warmup_steps = 4;
+  o.total_steps = 8;
+  o.min_lr = 0;
+  LrSchedule s(2.0, o);
+  EXPECT_DOUBLE_EQ(s.lr_at(0), 0.5);
+  EXPECT_DOUBLE_EQ(s.lr_at(1), 1.0);
+  EXPECT_DOUBLE_EQ(s.lr_at(3), 2.0);
+}
+
+TEST(Schedule, RejectsBadOptions) {
+  auto expect_error = [](ScheduleOptions o, const std::string& key) {
+    try {
+      o.validate();
+      FAIL() << "expected an error for " << key;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kBadInput);
+      EXPECT_THAT(e.what(), HasSubstr(key));
+    }
+  };
+  ScheduleOptions o;
+  o.warmup_steps = 300;
+  expect_error(o, "schedule.warmup_steps");
+  o = {};
+  o.total_steps = 0;
+  expect_error(o, "schedule.total_steps");
+  o = {};
+  o.decay = "step";
+  expect_error(o, "schedule.decay");
+  o = {};
+  o.min_lr = -1;
+  expect_error(o, "schedule.min_lr");
+}
+
+}  // namespace
+}  // namespace gradguard::optim

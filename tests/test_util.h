@@ -1,0 +1,34 @@
+// Helpers shared by the tests: temporary directories, running the CLI, golden files.
+#pragma once
+
+#include <string>
+
+namespace gradguard::test {
+
+// A fresh directory under the system temp dir, removed when the object dies.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+struct CliResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs the built `gradguard` executable with `args` (a shell-quoted string) in `cwd`.
+CliResult run_cli(const std::string& args, const std::string& cwd = ".");
+
+// Absolute path of a file in the source tree, e.g. source_path("tests/golden/x.json").
+std::string source_path(const std::string& relative);
+
+std::string read_text(const std::string& path);
+void write_text(const std::string& path, const std::string& text);
+
+}  // namespace gradguard::test

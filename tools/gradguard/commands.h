@@ -1,0 +1,17 @@
+// Subcommands of the `gradguard` CLI. Each registers its options on the app and returns
+// the function that runs it; main() turns exceptions into exit codes.
+#pragma once
+
+#include <functional>
+
+#include <CLI/CLI.hpp>
+
+namespace gradguard::cli {
+
+using Action = std::function<int()>;
+
+void add_train_command(CLI::App& app, Action& action);
+void add_prepare_command(CLI::App& app, Action& action);
+void add_config_command(CLI::App& app, Action& action);
+
+}  // namespace gradguard::cli
