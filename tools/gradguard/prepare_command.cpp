@@ -1,4 +1,6 @@
 // `gradguard prepare INPUT... --out DIR`: text, JSONL or the Brown corpus -> token files.
+#include <unistd.h>
+
 #include <cstdio>
 
 #include "commands.h"
@@ -17,8 +19,10 @@ void add_prepare_command(CLI::App& app, Action& action) {
   cmd->add_flag("--force", opts->force, "Overwrite existing output files");
   cmd->callback([&action, opts] {
     action = [opts] {
-      auto r = data::prepare_dataset(*opts, [](int64_t done, int64_t total) {
-        if (done == total || done % 50 == 0) std::fprintf(stderr, "\rprepare: %lld/%lld documents", (long long)done, (long long)total);
+      const bool tty = isatty(fileno(stderr));
+      auto r = data::prepare_dataset(*opts, [tty](int64_t done, int64_t total) {
+        if (!tty) return;  // the summary line below is enough in logs
+        std::fprintf(stderr, "\rprepare: %lld/%lld documents", (long long)done, (long long)total);
         if (done == total) std::fprintf(stderr, "\n");
       });
       std::printf("prepared %lld documents: %lld train tokens -> %s, %lld val tokens -> %s\n", (long long)r.documents,
