@@ -12,6 +12,8 @@ namespace gradguard::amp {
 void AmpOptions::validate() const {
   if (dtype != "fp32" && dtype != "bf16" && dtype != "fp16")
     throw bad_input("amp.dtype", "'" + dtype + "' is not valid (valid: fp32, bf16, fp16)");
+  scaler.validate();
+  resolve_scaler_mode(scaler, dtype);
 }
 
 void check_supported(const AmpOptions& options, const c10::Device& device) {

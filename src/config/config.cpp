@@ -16,7 +16,8 @@
 namespace gradguard::config {
 namespace {
 
-using FieldPtr = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::array<double, 2>*>;
+using FieldPtr =
+    std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::array<double, 2>*, std::vector<int64_t>*>;
 
 struct Field {
   std::string section;
@@ -27,7 +28,7 @@ struct Field {
 };
 
 const std::vector<std::string> kSections = {"run",  "model", "data", "batch",      "optim", "schedule",
-                                            "clip", "amp",   "eval", "checkpoint", "log"};
+                                            "clip", "amp",   "eval", "checkpoint", "log",   "debug"};
 
 std::vector<Field> fields(Config& c) {
   return {
@@ -63,20 +64,46 @@ std::vector<Field> fields(Config& c) {
       {"optim", "lr", &c.optim.lr, "peak learning rate"},
       {"optim", "betas", &c.optim.betas, "Adam [beta1, beta2]"},
       {"optim", "eps", &c.optim.eps, "Adam epsilon"},
-      {"optim", "weight_decay", &c.optim.weight_decay, "decoupled weight decay on dim>=2 tensors; 0 disables"},
+      {"optim", "weight_decay", &c.optim.weight_decay, "weight decay on dim>=2 tensors; 0 disables"},
+      {"optim", "max_trust_ratio", &c.optim.max_trust_ratio, "lamb: clamp of the trust ratio ||w||/||update||"},
+      {"optim", "momentum", &c.optim.momentum, "lars: momentum"},
+      {"optim", "trust_coefficient", &c.optim.trust_coefficient, "lars: eta of the local learning rate"},
+      {"optim", "lr_scaling", &c.optim.lr_scaling, "none | linear | sqrt: scale lr by global_batch/base_batch"},
+      {"optim", "base_batch", &c.optim.base_batch, "sequences per step optim.lr was tuned for; 0 = no scaling"},
       {"schedule", "warmup_steps", &c.schedule.warmup_steps, "linear warmup steps; 0 disables"},
       {"schedule", "total_steps", &c.schedule.total_steps, "optimizer steps of the run"},
       {"schedule", "decay", &c.schedule.decay, "cosine | linear | constant"},
-      {"schedule", "min_lr", &c.schedule.min_lr, "learning-rate floor (absolute)"},
-      {"clip", "strategy", &c.clip.strategy, "none | global"},
-      {"clip", "max_norm", &c.clip.max_norm, "global gradient-norm threshold"},
+      {"schedule", "min_lr", &c.schedule.min_lr, "learning-rate floor (absolute, before lr scaling)"},
+      {"schedule", "wsd_decay_fraction", &c.schedule.wsd_decay_fraction, "wsd: share of post-warmup steps decaying"},
+      {"clip", "strategy", &c.clip.strategy, "none | global | history | layerwise | agc | zscore"},
+      {"clip", "max_norm", &c.clip.max_norm, "global/layerwise threshold; history cap; zscore warmup threshold"},
+      {"clip", "error_if_nonfinite", &c.clip.error_if_nonfinite, "halt (exit 3) on inf/NaN gradients instead of skipping"},
+      {"clip", "history_window", &c.clip.history_window, "history: norms averaged (W)"},
+      {"clip", "history_factor", &c.clip.history_factor, "history: threshold = min(max_norm, factor*mean)"},
+      {"clip", "agc_lambda", &c.clip.agc_lambda, "agc: max ||G_row|| / max(||W_row||, agc_eps)"},
+      {"clip", "agc_eps", &c.clip.agc_eps, "agc: floor of the weight-row norm"},
+      {"clip", "zscore_threshold", &c.clip.zscore_threshold, "zscore: clip when the norm's z-score exceeds this"},
+      {"clip", "zscore_alpha", &c.clip.zscore_alpha, "zscore: EMA decay of mean and variance"},
+      {"clip", "zscore_warmup", &c.clip.zscore_warmup, "zscore: steps seeding the statistics (max_norm applies)"},
       {"amp", "dtype", &c.amp.dtype, "compute dtype: fp32 | bf16 | fp16 (fp16: GPU only)"},
+      {"amp", "scaler.mode", &c.amp.scaler.mode, "auto (dynamic for fp16, else off) | dynamic | static | off"},
+      {"amp", "scaler.init_scale", &c.amp.scaler.init_scale, "initial (dynamic) or fixed (static) loss scale"},
+      {"amp", "scaler.growth_factor", &c.amp.scaler.growth_factor, "scale multiplier after growth_interval clean steps"},
+      {"amp", "scaler.backoff_factor", &c.amp.scaler.backoff_factor, "scale multiplier on overflow"},
+      {"amp", "scaler.growth_interval", &c.amp.scaler.growth_interval, "consecutive finite steps before growing"},
+      {"amp", "scaler.max_scale", &c.amp.scaler.max_scale, "cap on growth; 0 disables"},
+      {"amp", "scaler.min_scale", &c.amp.scaler.min_scale, "floor on backoff"},
+      {"amp", "scaler.hysteresis", &c.amp.scaler.hysteresis, "consecutive overflows tolerated before backing off"},
+      {"amp", "scaler.min_scale_patience", &c.amp.scaler.min_scale_patience,
+       "overflows in a row at min_scale before it is reported as stuck"},
       {"eval", "every", &c.eval.every, "validate every N steps; 0 = only at the end"},
       {"eval", "batches", &c.eval.batches, "validation micro-batches per evaluation"},
       {"checkpoint", "every", &c.checkpoint.every, "checkpoint every N steps; 0 = only the final one"},
       {"checkpoint", "keep_last", &c.checkpoint.keep_last, "periodic checkpoints kept; 0 keeps all"},
       {"log", "every", &c.log.every, "plain progress line every N steps"},
       {"log", "progress", &c.log.progress, "auto | bar | lines | none"},
+      {"debug", "inject_nonfinite_steps", &c.debug.inject_nonfinite_steps,
+       "steps whose gradients get an inf injected (fault injection)"},
   };
 }
 
@@ -89,6 +116,7 @@ std::string type_name(const FieldPtr& p) {
         if constexpr (std::is_same_v<T, double>) return "number";
         if constexpr (std::is_same_v<T, bool>) return "boolean";
         if constexpr (std::is_same_v<T, std::string>) return "string";
+        if constexpr (std::is_same_v<T, std::vector<int64_t>>) return "list of integers";
         return "list of 2 numbers";
       },
       p);
@@ -122,6 +150,11 @@ std::string format_value(const FieldPtr& p) {
         if constexpr (std::is_same_v<T, std::string>) return quote(*v);
         if constexpr (std::is_same_v<T, std::array<double, 2>>)
           return "[" + format_double((*v)[0]) + ", " + format_double((*v)[1]) + "]";
+        if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+          std::string out = "[";
+          for (size_t i = 0; i < v->size(); ++i) out += (i ? ", " : "") + std::to_string((*v)[i]);
+          return out + "]";
+        }
       },
       p);
 }
@@ -169,6 +202,17 @@ void assign(const Field& f, const YAML::Node& node, const std::string& where) {
           *v = parsed;
         } else if constexpr (std::is_same_v<T, double>) {
           *v = parse_double(node, where);
+        } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+          if (!node.IsSequence()) throw bad_input(where, "expected a list of integers like [3, 7], got " + node_text(node));
+          v->clear();
+          for (const auto& item : node) {
+            const std::string t = item.IsScalar() ? item.Scalar() : node_text(item);
+            int64_t parsed = 0;
+            auto res = std::from_chars(t.data(), t.data() + t.size(), parsed);
+            if (!item.IsScalar() || res.ec != std::errc() || res.ptr != t.data() + t.size())
+              throw bad_input(where, "expected a list of integers, got element '" + t + "'");
+            v->push_back(parsed);
+          }
         } else {
           if (!node.IsSequence() || node.size() != 2)
             throw bad_input(where, "expected a list of 2 numbers like [0.9, 0.95], got " + node_text(node));
@@ -208,6 +252,26 @@ Field* find_field(std::vector<Field>& table, const std::string& full) {
   return nullptr;
 }
 
+// Assigns every entry of `map` under `prefix`; a nested mapping is a sub-section
+// ("amp: {scaler: {mode: dynamic}}" sets amp.scaler.mode) when no field takes a map.
+void apply_map(std::vector<Field>& table, const std::vector<std::string>& keys, const std::string& path,
+               const std::string& prefix, const YAML::Node& map) {
+  for (const auto& entry : map) {
+    const std::string full = prefix + "." + entry.first.Scalar();
+    Field* f = find_field(table, full);
+    if (f == nullptr && entry.second.IsMap()) {
+      const bool is_section = std::any_of(keys.begin(), keys.end(),
+                                          [&](const std::string& k) { return k.rfind(full + ".", 0) == 0; });
+      if (is_section) {
+        apply_map(table, keys, path, full, entry.second);
+        continue;
+      }
+    }
+    if (f == nullptr) throw bad_input(path + ": " + full, unknown_key_message(full, keys));
+    assign(*f, entry.second, path + ": " + full);
+  }
+}
+
 void apply_file(Config& c, const std::string& path) {
   const std::string text = fs::read_file(path);
   YAML::Node root;
@@ -228,12 +292,7 @@ void apply_file(Config& c, const std::string& path) {
     if (section.second.IsNull()) continue;
     if (!section.second.IsMap())
       throw bad_input(path + ": " + name, "a section must be a mapping of keys, got " + node_text(section.second));
-    for (const auto& entry : section.second) {
-      const std::string full = name + "." + entry.first.Scalar();
-      Field* f = find_field(table, full);
-      if (f == nullptr) throw bad_input(path + ": " + full, unknown_key_message(full, keys));
-      assign(*f, entry.second, path + ": " + full);
-    }
+    apply_map(table, keys, path, name, section.second);
   }
 }
 
@@ -289,6 +348,10 @@ void Config::finalize(int64_t world_size) {
   eval.validate();
   checkpoint.validate();
   log.validate();
+  debug.validate();
+  if (optim.lr_scaling != "none" && optim.lr_scaling != "linear" && optim.lr_scaling != "sqrt")
+    throw bad_input("optim.lr_scaling", "'" + optim.lr_scaling + "' is not valid (valid: none, linear, sqrt)");
+  if (optim.base_batch < 0) throw bad_input("optim.base_batch", "must be >= 0, got " + std::to_string(optim.base_batch));
   if (schedule.min_lr > optim.lr)
     throw bad_input("schedule.min_lr", "must be <= optim.lr (" + format_double(optim.lr) + "), got " +
                                            format_double(schedule.min_lr));
@@ -305,6 +368,11 @@ void Config::finalize(int64_t world_size) {
   } else {
     batch.global_batch = per_step * batch.accum_steps;
   }
+  warnings.clear();
+  if (!batch.require_pow2 && !is_pow2(batch.global_batch))
+    warnings.push_back("batch.global_batch " + std::to_string(batch.global_batch) +
+                       " is not a power of two: per-rank shards and accumulation windows can come out uneven "
+                       "and GPU kernels run less efficiently; set batch.require_pow2=true to make this an error");
   if (batch.require_pow2) {
     for (auto [key, v] : {std::pair<const char*, int64_t>{"batch.micro_batch", batch.micro_batch},
                           {"batch.accum_steps", batch.accum_steps},
@@ -329,13 +397,21 @@ std::string to_yaml(const Config& config) {
   auto table = fields(copy);
   std::ostringstream out;
   out << "# gradguard effective configuration (gradguard " GRADGUARD_VERSION ")\n";
-  std::string section;
+  std::string section, sub;
   for (const auto& f : table) {
     if (f.section != section) {
       section = f.section;
+      sub.clear();
       out << section << ":\n";
     }
-    std::string line = "  " + f.key + ": " + format_value(f.ptr);
+    const auto dot = f.key.rfind('.');
+    const std::string f_sub = dot == std::string::npos ? "" : f.key.substr(0, dot);
+    const std::string leaf = dot == std::string::npos ? f.key : f.key.substr(dot + 1);
+    if (f_sub != sub) {
+      sub = f_sub;
+      if (!sub.empty()) out << "  " << sub << ":\n";
+    }
+    std::string line = std::string(sub.empty() ? 2 : 4, ' ') + leaf + ": " + format_value(f.ptr);
     if (line.size() < 40) line.append(40 - line.size(), ' ');
     out << line << "  # " << f.doc << "\n";
   }

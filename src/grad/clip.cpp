@@ -1,41 +1,167 @@
-// Global-norm clipping with torch's arithmetic: norms in the gradients' dtype, the
-// coefficient as a float32 tensor clamped at 1, then an in-place multiply of every
-// gradient (skipped when the coefficient is exactly 1, which leaves the values unchanged
-// just as torch's multiply by 1 does).
+// Clipping decisions on the host, scaling on the device. Only agc touches gradients
+// inside the statistics pass (it needs per-row norms that never leave the device).
 #include "gradguard/grad/clip.h"
 
 #include <cmath>
+#include <limits>
+#include <numeric>
 
 #include <torch/torch.h>
 
 #include "gradguard/core/error.h"
 
 namespace gradguard::grad {
+namespace {
+void positive(double v, const char* key) {
+  if (!(v > 0) || !std::isfinite(v)) throw bad_input(key, "must be a finite number > 0, got " + std::to_string(v));
+}
+}  // namespace
 
 void ClipOptions::validate() const {
-  if (strategy != "none" && strategy != "global")
-    throw bad_input("clip.strategy", "'" + strategy + "' is not valid (valid: none, global)");
-  if (!(max_norm > 0) || !std::isfinite(max_norm))
-    throw bad_input("clip.max_norm", "must be a finite number > 0, got " + std::to_string(max_norm));
+  static const std::vector<std::string> kStrategies = {"none", "global", "history", "layerwise", "agc", "zscore"};
+  if (std::find(kStrategies.begin(), kStrategies.end(), strategy) == kStrategies.end())
+    throw bad_input("clip.strategy",
+                    "'" + strategy + "' is not valid (valid: none, global, history, layerwise, agc, zscore)");
+  positive(max_norm, "clip.max_norm");
+  if (history_window < 1) throw bad_input("clip.history_window", "must be >= 1, got " + std::to_string(history_window));
+  positive(history_factor, "clip.history_factor");
+  positive(agc_lambda, "clip.agc_lambda");
+  positive(agc_eps, "clip.agc_eps");
+  positive(zscore_threshold, "clip.zscore_threshold");
+  if (!(zscore_alpha > 0 && zscore_alpha < 1))
+    throw bad_input("clip.zscore_alpha", "must be in (0, 1), got " + std::to_string(zscore_alpha));
+  if (zscore_warmup < 2) throw bad_input("clip.zscore_warmup", "must be >= 2, got " + std::to_string(zscore_warmup));
 }
 
-ClipResult clip_gradients(const std::vector<at::Tensor>& params, const ClipOptions& options) {
+double torch_clip_coef(double norm, double max_norm) {
+  const float x = static_cast<float>(norm) + 1e-6f;
+  const float coef = (1.0f / x) * static_cast<float>(max_norm);
+  return std::min(coef, 1.0f);
+}
+
+Clipper::Clipper(const ClipOptions& options, std::vector<at::Tensor> params, const std::vector<std::string>& names)
+    : options_(options), params_(std::move(params)), groups_(group_by_layer(names)) {
+  options_.validate();
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].dim() >= 2 && names[i].rfind("lm_head", 0) != 0) agc_params_.push_back(params_[i]);
+}
+
+DeviceClipHook Clipper::device_hook() const {
+  if (options_.strategy != "agc") return {};
+  return [this](const std::vector<at::Tensor>&) {
+    const double lambda = options_.agc_lambda, eps = options_.agc_eps;
+    for (const auto& p : agc_params_) {
+      auto g = p.grad();
+      if (!g.defined()) continue;
+      auto w_norm = p.detach().flatten(1).norm(2, {1}).clamp_min(eps);  // [rows]
+      auto g_norm = g.flatten(1).norm(2, {1});                          // [rows]
+      auto limit = w_norm * lambda;
+      auto factor = torch::where(g_norm > limit, limit / g_norm.clamp_min(1e-6), torch::ones_like(g_norm));
+      std::vector<int64_t> shape(g.dim(), 1);
+      shape[0] = g.size(0);
+      g.mul_(factor.view(shape).to(g.scalar_type()));
+    }
+  };
+}
+
+void Clipper::scale_all(double coef) {
+  if (coef >= 1.0) return;
   std::vector<at::Tensor> grads;
-  grads.reserve(params.size());
-  for (const auto& p : params)
+  for (const auto& p : params_)
     if (p.grad().defined()) grads.push_back(p.grad());
-  if (grads.empty()) return {};
   torch::NoGradGuard no_grad;
-  auto norms = at::_foreach_norm(grads, 2);
-  auto total = torch::stack(norms).norm(2);  // global L2 norm, float32
-  auto coef = torch::clamp(options.max_norm / (total + 1e-6), c10::nullopt, 1.0);
-  auto host = torch::stack({total.to(torch::kFloat), coef.to(torch::kFloat)}).to(torch::kCPU);  // one sync
-  ClipResult result;
-  result.grad_norm = host[0].item<float>();
-  result.clip_coef = options.strategy == "global" ? host[1].item<float>() : 1.0;
-  if (options.strategy == "global" && result.clip_coef < 1.0)
-    for (auto& g : grads) g.mul_(coef.to(g.scalar_type()));
-  return result;
+  at::_foreach_mul_(grads, coef);
+}
+
+ClipResult Clipper::apply(const GradStats& stats) {
+  ClipResult r;
+  r.grad_norm = stats.global_norm;
+  const double g = stats.global_norm;
+  const std::string& s = options_.strategy;
+  if (stats.nonfinite) {
+    if (options_.error_if_nonfinite)
+      throw Error(ErrorKind::kHalted, "clip.error_if_nonfinite",
+                  "the gradients hold inf or NaN (global norm " + std::to_string(g) + ")");
+    r.threshold = s == "none" ? std::numeric_limits<double>::infinity() : options_.max_norm;
+    return r;  // the step is skipped; nothing to scale, nothing learned
+  }
+  if (s == "none") {
+    r.threshold = std::numeric_limits<double>::infinity();
+  } else if (s == "global") {
+    r.threshold = options_.max_norm;
+    r.clip_coef = torch_clip_coef(g, options_.max_norm);
+    scale_all(r.clip_coef);
+  } else if (s == "history") {
+    double mean = history_.empty() ? options_.max_norm
+                                   : std::accumulate(history_.begin(), history_.end(), 0.0) / history_.size();
+    r.threshold = std::min(options_.max_norm, options_.history_factor * mean);
+    r.clip_coef = torch_clip_coef(g, r.threshold);
+    scale_all(r.clip_coef);
+    history_.push_back(g * r.clip_coef);
+    while (static_cast<int64_t>(history_.size()) > options_.history_window) history_.pop_front();
+  } else if (s == "layerwise") {
+    r.threshold = options_.max_norm;
+    std::vector<double> coef(groups_.names.size());
+    double after = 0;
+    for (size_t k = 0; k < coef.size(); ++k) {
+      coef[k] = torch_clip_coef(stats.layer_norms[k], options_.max_norm);
+      after += std::pow(coef[k] * stats.layer_norms[k], 2);
+    }
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (params_[i].grad().defined() && coef[groups_.group_of[i]] < 1.0) params_[i].grad().mul_(coef[groups_.group_of[i]]);
+    r.clip_coef = g > 0 ? std::sqrt(after) / g : 1.0;
+  } else if (s == "agc") {
+    r.threshold = options_.agc_lambda;
+    r.clip_coef = g > 0 ? stats.norm_after_device_clip / g : 1.0;
+  } else {  // zscore
+    if (z_count_ < options_.zscore_warmup) {
+      r.threshold = options_.max_norm;
+      r.clip_coef = torch_clip_coef(g, r.threshold);
+      z_seed_.push_back(g * r.clip_coef);
+      if (static_cast<int64_t>(z_seed_.size()) == options_.zscore_warmup) {
+        z_mean_ = std::accumulate(z_seed_.begin(), z_seed_.end(), 0.0) / z_seed_.size();
+        z_var_ = 0;
+        for (double v : z_seed_) z_var_ += (v - z_mean_) * (v - z_mean_);
+        z_var_ /= z_seed_.size();
+        z_seed_.clear();
+      }
+    } else {
+      const double sd = std::sqrt(z_var_);
+      r.threshold = z_mean_ + options_.zscore_threshold * sd;
+      const double z = sd > 0 ? (g - z_mean_) / sd : 0.0;
+      r.clip_coef = z > options_.zscore_threshold ? std::min(1.0, r.threshold / (g + 1e-6)) : 1.0;
+      const double gc = g * r.clip_coef;
+      const double a = options_.zscore_alpha;
+      z_mean_ = a * z_mean_ + (1 - a) * gc;
+      z_var_ = a * z_var_ + (1 - a) * (gc - z_mean_) * (gc - z_mean_);
+    }
+    ++z_count_;
+    scale_all(r.clip_coef);
+  }
+  return r;
+}
+
+nlohmann::json Clipper::state_dict() const {
+  return {{"strategy", options_.strategy}, {"history", std::vector<double>(history_.begin(), history_.end())},
+          {"z_count", z_count_},           {"z_seed", z_seed_},
+          {"z_mean", z_mean_},             {"z_var", z_var_}};
+}
+
+void Clipper::load_state_dict(const nlohmann::json& j) {
+  try {
+    if (j.at("strategy").get<std::string>() != options_.strategy)
+      throw bad_input("clipper state", "was saved for strategy '" + j.at("strategy").get<std::string>() +
+                                           "' but clip.strategy is '" + options_.strategy + "'");
+    auto h = j.at("history").get<std::vector<double>>();
+    history_.assign(h.begin(), h.end());
+    z_count_ = j.at("z_count").get<int64_t>();
+    z_seed_ = j.at("z_seed").get<std::vector<double>>();
+    z_mean_ = j.at("z_mean").get<double>();
+    z_var_ = j.at("z_var").get<double>();
+  } catch (const nlohmann::json::exception& e) {
+    throw bad_input("clipper state", std::string("malformed: ") + e.what());
+  }
 }
 
 }  // namespace gradguard::grad

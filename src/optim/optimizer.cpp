@@ -1,5 +1,7 @@
-// AdamW via torch::optim::AdamW, whose C++ update matches torch.optim.AdamW (checked by
-// tests/optim/optimizer_test.cpp against tests/golden/adamw.json).
+// The optimizer factory. AdamW is torch::optim::AdamW, whose C++ update matches
+// torch.optim.AdamW (tests/golden/adamw.json); LAMB and LARS are gradguard's own
+// (lamb.h, lars.h). All get the same two groups: matrices and embeddings decay and are
+// layer-adaptive, norm weights and biases neither.
 #include "gradguard/optim/optimizer.h"
 
 #include <cmath>
@@ -7,11 +9,14 @@
 #include <torch/torch.h>
 
 #include "gradguard/core/error.h"
+#include "gradguard/optim/lamb.h"
+#include "gradguard/optim/lars.h"
 
 namespace gradguard::optim {
 
 void OptimOptions::validate() const {
-  if (name != "adamw") throw bad_input("optim.name", "'" + name + "' is not valid (valid: adamw)");
+  if (name != "adamw" && name != "lamb" && name != "lars")
+    throw bad_input("optim.name", "'" + name + "' is not valid (valid: adamw, lamb, lars)");
   if (!(lr > 0) || !std::isfinite(lr))
     throw bad_input("optim.lr", "must be a finite number > 0, got " + std::to_string(lr));
   for (int i = 0; i < 2; ++i)
@@ -20,6 +25,12 @@ void OptimOptions::validate() const {
   if (!(eps > 0)) throw bad_input("optim.eps", "must be > 0, got " + std::to_string(eps));
   if (!(weight_decay >= 0) || !std::isfinite(weight_decay))
     throw bad_input("optim.weight_decay", "must be >= 0, got " + std::to_string(weight_decay));
+  if (!(max_trust_ratio > 0))
+    throw bad_input("optim.max_trust_ratio", "must be > 0, got " + std::to_string(max_trust_ratio));
+  if (!(momentum >= 0 && momentum < 1))
+    throw bad_input("optim.momentum", "must be in [0, 1), got " + std::to_string(momentum));
+  if (!(trust_coefficient > 0) || !std::isfinite(trust_coefficient))
+    throw bad_input("optim.trust_coefficient", "must be a finite number > 0, got " + std::to_string(trust_coefficient));
 }
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const NamedParameters& params,
@@ -27,15 +38,28 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const NamedParameters& p
   options.validate();
   std::vector<torch::Tensor> decay, no_decay;
   for (const auto& [name, p] : params) (p.dim() >= 2 ? decay : no_decay).push_back(p);
-  auto base = torch::optim::AdamWOptions(options.lr)
-                  .betas({options.betas[0], options.betas[1]})
-                  .eps(options.eps);
   std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(
-                                 torch::optim::AdamWOptions(base).weight_decay(options.weight_decay)));
-  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
-                                    torch::optim::AdamWOptions(base).weight_decay(0.0)));
-  return std::make_unique<torch::optim::AdamW>(std::move(groups), base);
+  auto add_groups = [&](const auto& base, auto with) {
+    using Options = std::decay_t<decltype(base)>;
+    groups.emplace_back(decay, std::make_unique<Options>(with(Options(base), options.weight_decay, true)));
+    groups.emplace_back(no_decay, std::make_unique<Options>(with(Options(base), 0.0, false)));
+  };
+  if (options.name == "adamw") {
+    auto base = torch::optim::AdamWOptions(options.lr).betas({options.betas[0], options.betas[1]}).eps(options.eps);
+    add_groups(base, [](torch::optim::AdamWOptions o, double wd, bool) { return o.weight_decay(wd); });
+    return std::make_unique<torch::optim::AdamW>(std::move(groups), base);
+  }
+  if (options.name == "lamb") {
+    auto base = LambOptions(options.lr)
+                    .betas({options.betas[0], options.betas[1]})
+                    .eps(options.eps)
+                    .max_trust_ratio(options.max_trust_ratio);
+    add_groups(base, [](LambOptions o, double wd, bool adaptive) { return o.weight_decay(wd).adaptive(adaptive); });
+    return std::make_unique<Lamb>(std::move(groups), base);
+  }
+  auto base = LarsOptions(options.lr).momentum(options.momentum).trust_coefficient(options.trust_coefficient);
+  add_groups(base, [](LarsOptions o, double wd, bool adaptive) { return o.weight_decay(wd).adaptive(adaptive); });
+  return std::make_unique<Lars>(std::move(groups), base);
 }
 
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {

@@ -38,11 +38,17 @@ void MetricsWriter::write_step(const StepMetrics& m) {
   j["lr"] = m.lr;
   j["grad_norm"] = number(m.grad_norm);
   j["clip_coef"] = number(m.clip_coef);
+  j["clip_threshold"] = number(m.clip_threshold);
   j["loss_scale"] = m.loss_scale;
   j["skipped"] = m.skipped;
   j["tokens"] = m.tokens;
   j["tokens_per_s"] = number(m.tokens_per_s);
   j["elapsed_s"] = m.elapsed_s;
+  if (!m.layer_grad_norms.empty()) {
+    nlohmann::ordered_json layers = nlohmann::ordered_json::object();
+    for (const auto& [name, norm] : m.layer_grad_norms) layers[name] = number(norm);
+    j["layer_grad_norms"] = layers;
+  }
   write(j);
 }
 

@@ -23,12 +23,13 @@ torch::Tensor summed_loss(model::LlamaForCausalLMImpl& model, const data::Batch&
 }  // namespace
 
 at::Tensor accumulate_gradients(model::LlamaForCausalLMImpl& model, const std::vector<data::Batch>& micro_batches,
-                                int64_t total_tokens, const amp::AmpOptions& amp, const c10::Device& device) {
+                                int64_t total_tokens, const amp::AmpOptions& amp, const c10::Device& device,
+                                double loss_scale) {
   TORCH_INTERNAL_ASSERT(total_tokens > 0);
   torch::Tensor total = torch::zeros({}, torch::TensorOptions().device(device));
   for (const auto& b : micro_batches) {
     auto loss = summed_loss(model, b, amp, device) / static_cast<double>(total_tokens);
-    loss.backward();
+    (loss_scale == 1.0 ? loss : loss * loss_scale).backward();
     total += loss.detach();
   }
   return total;

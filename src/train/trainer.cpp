@@ -9,6 +9,7 @@
 #include <ctime>
 #include <filesystem>
 #include <limits>
+#include <nlohmann/json.hpp>
 
 #include <torch/torch.h>
 
@@ -17,7 +18,9 @@
 #include "gradguard/core/fs.h"
 #include "gradguard/core/threads.h"
 #include "gradguard/data/token_dataset.h"
+#include "gradguard/amp/loss_scaler.h"
 #include "gradguard/grad/clip.h"
+#include "gradguard/grad/grad_stats.h"
 #include "gradguard/optim/optimizer.h"
 #include "gradguard/optim/schedule.h"
 #include "gradguard/train/metrics.h"
@@ -38,6 +41,11 @@ struct Trainer::State {
   std::shared_ptr<data::TokenDataset> train, val;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   std::vector<torch::Tensor> params;
+  std::vector<std::string> names;  // [tensor] HF parameter names, parallel to params
+  std::unique_ptr<amp::LossScaler> scaler;
+  std::unique_ptr<grad::GradStatsComputer> stats;
+  std::unique_ptr<grad::Clipper> clipper;
+  double peak_lr = 0;  // optim.lr after the batch-size scaling rule
 };
 
 namespace {
@@ -115,8 +123,15 @@ Trainer::Trainer(config::Config config, std::FILE* out) : s_(std::make_unique<St
   for (const auto& item : s_->model->named_parameters()) {
     named.emplace_back(item.key(), item.value());
     s_->params.push_back(item.value());
+    s_->names.push_back(item.key());
   }
-  s_->optimizer = optim::make_optimizer(named, c.optim);
+  s_->peak_lr = optim::scaled_lr(c.optim.lr, c.optim.lr_scaling, c.optim.base_batch, c.batch.global_batch);
+  optim::OptimOptions optim_options = c.optim;
+  optim_options.lr = s_->peak_lr;
+  s_->optimizer = optim::make_optimizer(named, optim_options);
+  s_->scaler = std::make_unique<amp::LossScaler>(c.amp.scaler, amp::resolve_scaler_mode(c.amp.scaler, c.amp.dtype));
+  s_->stats = std::make_unique<grad::GradStatsComputer>(s_->params, s_->names);
+  s_->clipper = std::make_unique<grad::Clipper>(c.clip, s_->params, s_->names);
 
   if (c.run.name.empty()) c.run.name = default_run_name(c);
   s_->run_dir = (stdfs::path(c.run.dir) / c.run.name).string();
@@ -139,7 +154,10 @@ const std::string& Trainer::run_dir() const { return s_->run_dir; }
 TrainResult Trainer::run() {
   const auto& c = s_->cfg;
   auto& model = *s_->model;
-  const optim::LrSchedule schedule(c.optim.lr, c.schedule);
+  // min_lr scales with lr so the floor keeps its ratio to the peak.
+  optim::ScheduleOptions schedule_options = c.schedule;
+  schedule_options.min_lr *= s_->peak_lr / c.optim.lr;
+  const optim::LrSchedule schedule(s_->peak_lr, schedule_options);
   MetricsWriter metrics(s_->run_dir + "/metrics.jsonl");
   Progress progress(c.log.progress, c.schedule.total_steps, c.log.every, s_->out);
   const double nan = std::numeric_limits<double>::quiet_NaN();
@@ -158,6 +176,13 @@ TrainResult Trainer::run() {
                 (long long)c.batch.accum_steps, (long long)s_->threads.intra_op, s_->threads.blas.c_str(),
                 s_->run_dir.c_str());
   progress.line(header);
+  for (const auto& w : c.warnings) progress.line("warning: " + w);
+  if (s_->peak_lr != c.optim.lr) {
+    char msg[160];
+    std::snprintf(msg, sizeof msg, "optim.lr_scaling %s: peak lr %.3e (optim.lr %.3e at base_batch %lld)",
+                  c.optim.lr_scaling.c_str(), s_->peak_lr, c.optim.lr, (long long)c.optim.base_batch);
+    progress.line(msg);
+  }
 
   auto validate = [&](int64_t step) {
     if (!s_->val) return nan;
@@ -184,18 +209,49 @@ TrainResult Trainer::run() {
     std::vector<data::Batch> micro;
     for (int64_t m = 0; m < c.batch.accum_steps; ++m)
       micro.push_back(s_->train->batch((step * c.batch.accum_steps + m) * c.batch.micro_batch, c.batch.micro_batch));
-    auto loss = accumulate_gradients(model, micro, tokens_per_step, c.amp, s_->device);
+    const double loss_scale = s_->scaler->scale();
+    auto loss = accumulate_gradients(model, micro, tokens_per_step, c.amp, s_->device, loss_scale);
+    const auto& inject = c.debug.inject_nonfinite_steps;
+    if (std::find(inject.begin(), inject.end(), step) != inject.end()) {
+      torch::NoGradGuard no_grad;
+      s_->params[0].grad().view(-1)[0].fill_(std::numeric_limits<float>::infinity());
+    }
 
-    auto clip = grad::clip_gradients(s_->params, c.clip);
+    // The guarded step: one statistics pass (the step's single host sync, which also
+    // reads the loss), host-side clip and scaler decisions, then the update unless the
+    // gradients were non-finite.
+    auto stats = s_->stats->compute(1.0 / loss_scale, {loss}, s_->clipper->device_hook());
+    auto clip = s_->clipper->apply(stats);
+    auto scaler = s_->scaler->update(stats.nonfinite);
     StepMetrics m;
     m.step = step;
-    m.loss = loss.item<double>();
+    m.loss = stats.extras[0];
     m.lr = lr;
     m.grad_norm = clip.grad_norm;
     m.clip_coef = clip.clip_coef;
-    m.skipped = !std::isfinite(clip.grad_norm);
-    if (m.skipped) ++result.skipped_steps;
-    else s_->optimizer->step();
+    m.clip_threshold = clip.threshold;
+    m.loss_scale = loss_scale;
+    m.skipped = scaler.skipped;
+    for (size_t k = 0; k < stats.layer_norms.size(); ++k)
+      m.layer_grad_norms.emplace_back(s_->stats->groups().names[k], stats.layer_norms[k]);
+    if (m.skipped) {
+      ++result.skipped_steps;
+      nlohmann::ordered_json event = {{"step", step}, {"event", "skip"}, {"reason", "nonfinite_gradients"},
+                                      {"loss_scale", loss_scale}, {"next_loss_scale", scaler.next_scale}};
+      metrics.write(event);
+    } else {
+      s_->optimizer->step();
+    }
+    if (scaler.stuck) {
+      nlohmann::ordered_json event = {{"step", step}, {"event", "anomaly"}, {"kind", "loss_scale_stuck"},
+                                      {"loss_scale", loss_scale}, {"min_scale", c.amp.scaler.min_scale}};
+      metrics.write(event);
+      metrics.write_step(m);
+      throw Error(ErrorKind::kHalted, "amp.scaler.min_scale",
+                  "step " + std::to_string(step) + ": gradients overflow even at the minimum loss scale " +
+                      std::to_string(c.amp.scaler.min_scale) + " (" + std::to_string(c.amp.scaler.min_scale_patience) +
+                      " steps in a row); training cannot make progress. Run directory: " + s_->run_dir);
+    }
     m.tokens = tokens_per_step;
     const double dt = std::chrono::duration<double>(Clock::now() - step_start).count();
     m.tokens_per_s = tokens_per_step / dt;

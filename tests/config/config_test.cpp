@@ -132,6 +132,34 @@ TEST(Config, ReferenceDocIsUpToDate) {
       << "regenerate with: build/gradguard config docs > docs/config.md";
 }
 
+TEST(Config, NestedSectionsAndLists) {
+  test::TempDir dir;
+  test::write_text(dir.file("c.yaml"),
+                   "amp:\n  scaler:\n    mode: dynamic\n    hysteresis: 2\ndebug:\n  inject_nonfinite_steps: [3, 5]\n");
+  Config c = load_config(dir.file("c.yaml"), {"amp.scaler.init_scale=1024"});
+  EXPECT_EQ(c.amp.scaler.mode, "dynamic");
+  EXPECT_EQ(c.amp.scaler.hysteresis, 2);
+  EXPECT_EQ(c.amp.scaler.init_scale, 1024);
+  EXPECT_EQ(c.debug.inject_nonfinite_steps, (std::vector<int64_t>{3, 5}));
+  // The emitted YAML nests the sub-section and reads back identically.
+  const std::string yaml = to_yaml(c);
+  EXPECT_THAT(yaml, HasSubstr("  scaler:\n    mode: \"dynamic\""));
+  test::write_text(dir.file("back.yaml"), yaml);
+  EXPECT_EQ(to_yaml(load_config(dir.file("back.yaml"), {})), yaml);
+  EXPECT_THAT(error_of_set("amp.scaler.hysterisis=2"), HasSubstr("did you mean 'amp.scaler.hysteresis'"));
+  EXPECT_THAT(error_of_set("amp.scaler.growth_factor=0.5"), HasSubstr("amp.scaler.growth_factor"));
+  EXPECT_THAT(error_of_set("debug.inject_nonfinite_steps=[1,x]"), HasSubstr("expected a list of integers"));
+  EXPECT_THAT(error_of_set("optim.lr_scaling=cubic"), HasSubstr("valid: none, linear, sqrt"));
+  EXPECT_THAT(error_of_set("optim.name=sgd"), HasSubstr("valid: adamw, lamb, lars"));
+}
+
+TEST(Config, NonPowerOfTwoBatchWarnsUnlessRequired) {
+  Config c = load_config("", {"batch.accum_steps=3"});
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_THAT(c.warnings[0], HasSubstr("batch.global_batch 96 is not a power of two"));
+  EXPECT_TRUE(load_config("", {}).warnings.empty());
+}
+
 TEST(Config, NearestKey) {
   EXPECT_EQ(nearest_key("optim.lrr", {"optim.lr", "optim.eps"}), "optim.lr");
   EXPECT_EQ(nearest_key("zzzzzzzz", {"optim.lr"}), "");

@@ -79,6 +79,54 @@ TEST_F(Cli, TrainWritesTheRunDirectory) {
   EXPECT_NO_THROW(checkpoint::load_hf_weights(run + "/checkpoints/step-0000006", *m));
 }
 
+TEST_F(Cli, DynamicScalerSkipsInjectedOverflowsAndBacksOff) {
+  // Steps 1 and 2 overflow: both skipped; hysteresis 2 backs off only on the second.
+  auto r = run_cli(train_args("--set amp.scaler.mode=dynamic --set amp.scaler.init_scale=1024 "
+                              "--set amp.scaler.hysteresis=2 --set amp.scaler.growth_interval=2 "
+                              "--set debug.inject_nonfinite_steps=[1,2] --set clip.strategy=zscore "
+                              "--set clip.zscore_warmup=2"),
+                   dir_.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<double> scales;
+  std::vector<bool> skipped;
+  int skip_events = 0;
+  for (const auto& m : metrics("tiny")) {
+    if (m.value("event", "") == "skip") ++skip_events;
+    if (!m.contains("loss_scale")) continue;
+    if (m.contains("event")) continue;
+    scales.push_back(m["loss_scale"]);
+    skipped.push_back(m["skipped"]);
+    EXPECT_TRUE(m.contains("layer_grad_norms"));
+    EXPECT_TRUE(m.contains("clip_threshold"));
+  }
+  EXPECT_EQ(skipped, (std::vector<bool>{false, true, true, false, false, false}));
+  EXPECT_EQ(scales, (std::vector<double>{1024, 1024, 1024, 512, 512, 1024}));
+  EXPECT_EQ(skip_events, 2);
+  EXPECT_THAT(r.output, HasSubstr("2 skipped"));
+}
+
+TEST_F(Cli, StuckAtMinimumScaleHaltsWithExitThree) {
+  auto r = run_cli(train_args("--set amp.scaler.mode=dynamic --set amp.scaler.init_scale=4 "
+                              "--set amp.scaler.min_scale=1 --set amp.scaler.min_scale_patience=2 "
+                              "--set debug.inject_nonfinite_steps=[0,1,2,3,4,5]"),
+                   dir_.path());
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("overflow even at the minimum loss scale"));
+  EXPECT_THAT(test::read_text(dir_.file("runs/tiny/metrics.jsonl")), HasSubstr("loss_scale_stuck"));
+}
+
+TEST_F(Cli, EveryOptimizerAndStrategyTrains) {
+  for (const char* args : {"--set optim.name=lamb --set optim.lr=1e-2 --set clip.strategy=agc --name lamb",
+                           "--set optim.name=lars --set optim.lr=1 --set clip.strategy=layerwise --name lars",
+                           "--set clip.strategy=history --set schedule.decay=wsd --name hist",
+                           "--set optim.lr_scaling=sqrt --set optim.base_batch=2 --name scaled"}) {
+    auto r = run_cli(train_args(args), dir_.path());
+    EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.output;
+  }
+  // sqrt scaling: global batch 8 vs base 2 doubles the peak lr (3e-3 -> 6e-3); warmup step 0 is half of it.
+  EXPECT_NEAR(metrics("scaled")[1]["lr"].get<double>(), 3e-3, 1e-12);
+}
+
 TEST_F(Cli, InitFromContinuesFromACheckpoint) {
   ASSERT_EQ(run_cli(train_args(), dir_.path()).exit_code, 0);
   auto r = run_cli(train_args("--name second --set model.init_from=runs/tiny/checkpoints/step-0000006 "

@@ -1,6 +1,9 @@
-// Global-norm clipping against torch.nn.utils.clip_grad_norm_ (tests/golden/clip.json).
+// Clipping strategies. `global` against torch.nn.utils.clip_grad_norm_
+// (tests/golden/clip.json); history, layerwise, agc and zscore against hand-computed
+// cases from their definitions (clip.h).
 #include "gradguard/grad/clip.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "golden_util.h"
@@ -8,82 +11,244 @@
 
 namespace gradguard::grad {
 namespace {
+using ::testing::HasSubstr;
 
-std::vector<torch::Tensor> params_with_grads(const nlohmann::json& c) {
+struct GradSet {
   std::vector<torch::Tensor> params;
+  std::vector<std::string> names;
+};
+
+GradSet from_golden(const nlohmann::json& c) {
+  GradSet s;
   for (size_t i = 0; i < c["shapes"].size(); ++i) {
     auto shape = c["shapes"][i].get<std::vector<int64_t>>();
     auto p = torch::zeros(shape, torch::requires_grad());
     p.mutable_grad() = test::golden_tensor(c["grads"][i], shape);
-    params.push_back(p);
+    s.params.push_back(p);
+    s.names.push_back("p" + std::to_string(i));
   }
-  return params;
+  return s;
 }
 
-TEST(Clip, MatchesTorchClipGradNorm) {
+// Gradients with a given global norm spread over two tensors.
+GradSet with_norm(double norm) {
+  GradSet s;
+  auto a = torch::zeros({3}, torch::requires_grad()), b = torch::zeros({4}, torch::requires_grad());
+  a.mutable_grad() = torch::tensor({3.0f, 0.0f, 0.0f}) * static_cast<float>(norm / 5.0);
+  b.mutable_grad() = torch::tensor({0.0f, 4.0f, 0.0f, 0.0f}) * static_cast<float>(norm / 5.0);
+  s.params = {a, b};
+  s.names = {"a", "b"};
+  return s;
+}
+
+// Gives the existing tensors of `s` (those a Clipper holds) gradients of norm `norm`.
+void set_norm(GradSet& s, double norm) {
+  auto fresh = with_norm(norm);
+  for (size_t i = 0; i < s.params.size(); ++i) s.params[i].mutable_grad() = fresh.params[i].grad();
+}
+
+ClipResult run(Clipper& clipper, GradSet& s) {
+  GradStatsComputer stats(s.params, s.names);
+  return clipper.apply(stats.compute(1.0, {}, clipper.device_hook()));
+}
+
+TEST(Clip, GlobalMatchesTorchClipGradNorm) {
   auto golden = test::load_golden("clip.json");
   ASSERT_GE(golden["cases"].size(), 4u);
   int clipped_cases = 0;
   for (const auto& c : golden["cases"]) {
-    auto params = params_with_grads(c);
+    auto s = from_golden(c);
     ClipOptions o;
     o.max_norm = c["max_norm"];
-    auto r = clip_gradients(params, o);
+    Clipper clipper(o, s.params, s.names);
+    auto r = run(clipper, s);
     const double total = c["total_norm"];
     EXPECT_NEAR(r.grad_norm, total, 1e-6 * total);
     if (r.clip_coef < 1) ++clipped_cases;
-    for (size_t i = 0; i < params.size(); ++i) {
-      auto expected = test::golden_tensor(c["clipped"][i], params[i].sizes().vec());
-      // Same float32 arithmetic as torch: equal to the last bit or one ulp.
-      EXPECT_TRUE(torch::allclose(params[i].grad(), expected, 1e-7, 1e-9)) << "case max_norm " << o.max_norm;
+    for (size_t i = 0; i < s.params.size(); ++i) {
+      auto expected = test::golden_tensor(c["clipped"][i], s.params[i].sizes().vec());
+      EXPECT_TRUE(torch::allclose(s.params[i].grad(), expected, 1e-7, 1e-12)) << "max_norm " << o.max_norm;
     }
   }
   EXPECT_GE(clipped_cases, 2);  // the golden set exercises both branches
 }
 
 TEST(Clip, NoneMeasuresWithoutChanging) {
-  auto golden = test::load_golden("clip.json");
-  const auto& c = golden["cases"][1];
-  auto params = params_with_grads(c);
-  std::vector<torch::Tensor> before;
-  for (auto& p : params) before.push_back(p.grad().clone());
+  auto s = with_norm(50.0);
   ClipOptions o;
   o.strategy = "none";
-  o.max_norm = 1e-3;
-  auto r = clip_gradients(params, o);
-  EXPECT_NEAR(r.grad_norm, c["total_norm"].get<double>(), 1e-5);
+  Clipper clipper(o, s.params, s.names);
+  auto before = s.params[1].grad().clone();
+  auto r = run(clipper, s);
+  EXPECT_NEAR(r.grad_norm, 50.0, 1e-4);
   EXPECT_EQ(r.clip_coef, 1.0);
-  for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(torch::equal(params[i].grad(), before[i]));
+  EXPECT_TRUE(std::isinf(r.threshold));
+  EXPECT_TRUE(torch::equal(s.params[1].grad(), before));
 }
 
-TEST(Clip, SkipsParametersWithoutGradient) {
-  auto a = torch::zeros({2}, torch::requires_grad());
-  auto b = torch::zeros({2}, torch::requires_grad());
-  a.mutable_grad() = torch::tensor({3.0f, 4.0f});
-  auto r = clip_gradients({a, b}, ClipOptions{});
-  EXPECT_NEAR(r.grad_norm, 5.0, 1e-6);
-  EXPECT_NEAR(r.clip_coef, 1.0 / (5.0 + 1e-6), 1e-7);
-  EXPECT_FALSE(b.grad().defined());
+TEST(Clip, HistoryThresholdFollowsTheWindow) {
+  ClipOptions o;
+  o.strategy = "history";
+  o.max_norm = 1.0;
+  o.history_window = 2;
+  o.history_factor = 0.8;
+  auto s = with_norm(0.5);
+  Clipper clipper(o, s.params, s.names);
+  auto r = run(clipper, s);  // empty history: threshold = min(cap, 0.8 * cap) = 0.8
+  EXPECT_DOUBLE_EQ(r.threshold, 0.8);
+  EXPECT_EQ(r.clip_coef, 1.0);
+  set_norm(s, 0.3);
+  r = run(clipper, s);  // window {0.5}: threshold 0.4, no clip
+  EXPECT_NEAR(r.threshold, 0.4, 1e-7);
+  set_norm(s, 2.0);
+  r = run(clipper, s);  // window {0.5, 0.3}: threshold 0.32 -> coef 0.16
+  EXPECT_NEAR(r.threshold, 0.32, 1e-7);
+  EXPECT_NEAR(r.clip_coef, 0.16, 1e-6);
+  set_norm(s, 0.1);
+  r = run(clipper, s);  // window {0.3, 0.32} (clipped norm enters, 0.5 left): 0.8 * 0.31
+  EXPECT_NEAR(r.threshold, 0.248, 1e-6);
 }
 
-TEST(Clip, NonFiniteGradientGivesNonFiniteNorm) {
-  auto a = torch::zeros({2}, torch::requires_grad());
-  a.mutable_grad() = torch::tensor({1.0f, std::numeric_limits<float>::infinity()});
-  EXPECT_FALSE(std::isfinite(clip_gradients({a}, ClipOptions{}).grad_norm));
+TEST(Clip, LayerwiseClipsEachGroupAlone) {
+  auto a = torch::zeros({2}, torch::requires_grad()), b = torch::zeros({2}, torch::requires_grad());
+  auto c = torch::zeros({2}, torch::requires_grad());
+  a.mutable_grad() = torch::tensor({3.0f, 4.0f});   // layers.0: with b, norm sqrt(25+0.25)
+  b.mutable_grad() = torch::tensor({0.0f, 0.5f});
+  c.mutable_grad() = torch::tensor({0.3f, 0.4f});   // layers.1: norm 0.5, untouched
+  GradSet s{{a, b, c}, {"model.layers.0.x.weight", "model.layers.0.y.weight", "model.layers.1.x.weight"}};
+  ClipOptions o;
+  o.strategy = "layerwise";
+  o.max_norm = 1.0;
+  Clipper clipper(o, s.params, s.names);
+  auto r = run(clipper, s);
+  const double n0 = std::sqrt(25.25);
+  EXPECT_NEAR(torch::cat({a.grad(), b.grad()}).norm().item<double>(), 1.0, 1e-5);
+  EXPECT_TRUE(torch::allclose(c.grad(), torch::tensor({0.3f, 0.4f})));
+  EXPECT_NEAR(r.clip_coef, std::sqrt(1.0 + 0.25) / std::sqrt(n0 * n0 + 0.25), 1e-5);
+}
+
+TEST(Clip, AgcBoundsEveryRowByItsWeightNorm) {
+  // Weight rows have norms 10 and 0 (-> eps = 1e-3); lambda 0.1 allows 1.0 and 1e-4.
+  auto w = torch::tensor({{6.0f, 8.0f}, {0.0f, 0.0f}}).requires_grad_();
+  w.mutable_grad() = torch::tensor({{3.0f, 4.0f}, {0.6f, 0.8f}});  // row norms 5 and 1
+  auto bias = torch::zeros({2}, torch::requires_grad());
+  bias.mutable_grad() = torch::tensor({100.0f, 0.0f});  // 1-D: not clipped by AGC
+  auto head = torch::ones({2, 2}).requires_grad_();
+  head.mutable_grad() = torch::full({2, 2}, 50.0f);     // lm_head: excluded (as in the paper)
+  GradSet s{{w, bias, head}, {"model.layers.0.mlp.up_proj.weight", "model.norm.weight", "lm_head.weight"}};
+  ClipOptions o;
+  o.strategy = "agc";
+  o.agc_lambda = 0.1;
+  o.agc_eps = 1e-3;
+  Clipper clipper(o, s.params, s.names);
+  auto r = run(clipper, s);
+  EXPECT_TRUE(torch::allclose(w.grad(), torch::tensor({{0.6f, 0.8f}, {0.6e-4f, 0.8e-4f}}), 1e-5, 1e-9));
+  EXPECT_EQ(bias.grad()[0].item<float>(), 100.0f);
+  EXPECT_EQ(head.grad()[0][0].item<float>(), 50.0f);
+  const double before = std::sqrt(25.0 + 1.0 + 100.0 * 100.0 + 4 * 2500.0);
+  const double after = std::sqrt(1.0 + 1e-8 + 100.0 * 100.0 + 4 * 2500.0);
+  EXPECT_NEAR(r.grad_norm, before, 1e-3);
+  EXPECT_NEAR(r.clip_coef, after / before, 1e-6);
+}
+
+TEST(Clip, ZscoreClipsOutliersAfterWarmup) {
+  ClipOptions o;
+  o.strategy = "zscore";
+  o.max_norm = 100.0;
+  o.zscore_warmup = 4;
+  o.zscore_threshold = 2.0;
+  o.zscore_alpha = 0.5;
+  auto s = with_norm(1.0);
+  Clipper clipper(o, s.params, s.names);
+  for (double n : {1.0, 2.0, 1.0, 2.0}) {  // warmup: mean 1.5, variance 0.25 (std 0.5)
+    set_norm(s, n);
+    EXPECT_EQ(run(clipper, s).clip_coef, 1.0);
+  }
+  set_norm(s, 2.4);  // z = 1.8: kept; EMA -> mean 1.95, var 0.5*0.25 + 0.5*0.45^2 = 0.22625
+  auto r = run(clipper, s);
+  EXPECT_NEAR(r.threshold, 1.5 + 2.0 * 0.5, 1e-9);
+  EXPECT_EQ(r.clip_coef, 1.0);
+  set_norm(s, 10.0);  // z = (10 - 1.95) / sqrt(0.22625) > 2: clipped to 1.95 + 2 * 0.47566
+  r = run(clipper, s);
+  const double thr = 1.95 + 2.0 * std::sqrt(0.22625);
+  EXPECT_NEAR(r.threshold, thr, 1e-6);
+  EXPECT_NEAR(r.clip_coef, thr / (10.0 + 1e-6), 1e-6);
+  EXPECT_NEAR(s.params[0].grad().norm().item<double>() * 5.0 / 3.0, thr, 1e-4);
+}
+
+TEST(Clip, StateRoundTripContinuesIdentically) {
+  ClipOptions o;
+  o.strategy = "zscore";
+  o.zscore_warmup = 3;
+  auto s = with_norm(1.0);
+  Clipper a(o, s.params, s.names), b(o, s.params, s.names);
+  const std::vector<double> norms = {1.0, 1.3, 0.8, 1.1, 4.0, 0.9, 1.2};
+  for (size_t i = 0; i < 4; ++i) {
+    set_norm(s, norms[i]);
+    run(a, s);
+  }
+  b.load_state_dict(nlohmann::json::parse(a.state_dict().dump()));
+  for (size_t i = 4; i < norms.size(); ++i) {
+    set_norm(s, norms[i]);
+    auto ra = run(a, s);
+    set_norm(s, norms[i]);
+    auto rb = run(b, s);
+    EXPECT_EQ(ra.clip_coef, rb.clip_coef);
+    EXPECT_EQ(ra.threshold, rb.threshold);
+  }
+  ClipOptions other;
+  other.strategy = "history";
+  Clipper c(other, s.params, s.names);
+  EXPECT_THROW(c.load_state_dict(a.state_dict()), Error);
+  EXPECT_THROW(c.load_state_dict(nlohmann::json::object()), Error);
+}
+
+TEST(Clip, NonFiniteSkipsOrHalts) {
+  auto s = with_norm(1.0);
+  s.params[0].grad()[0] = std::numeric_limits<float>::quiet_NaN();
+  ClipOptions o;
+  Clipper skip(o, s.params, s.names);
+  auto r = run(skip, s);
+  EXPECT_FALSE(std::isfinite(r.grad_norm));
+  EXPECT_EQ(r.clip_coef, 1.0);
+  o.error_if_nonfinite = true;
+  Clipper halt(o, s.params, s.names);
+  try {
+    run(halt, s);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), 3);
+    EXPECT_THAT(e.what(), HasSubstr("inf or NaN"));
+  }
 }
 
 TEST(Clip, RejectsBadOptions) {
+  auto expect_key = [](ClipOptions o, const std::string& key) {
+    try {
+      o.validate();
+      FAIL() << key;
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr(key));
+    }
+  };
   ClipOptions o;
   o.strategy = "adaptive";
-  EXPECT_THROW(o.validate(), Error);
+  expect_key(o, "clip.strategy");
   o = {};
   o.max_norm = 0;
-  try {
-    o.validate();
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("clip.max_norm"), std::string::npos);
-  }
+  expect_key(o, "clip.max_norm");
+  o = {};
+  o.history_window = 0;
+  expect_key(o, "clip.history_window");
+  o = {};
+  o.zscore_alpha = 1.0;
+  expect_key(o, "clip.zscore_alpha");
+  o = {};
+  o.zscore_warmup = 1;
+  expect_key(o, "clip.zscore_warmup");
+  o = {};
+  o.agc_lambda = -1;
+  expect_key(o, "clip.agc_lambda");
 }
 
 }  // namespace

@@ -58,6 +58,30 @@ TEST(Schedule, WarmupIsLinearFromFirstStep) {
   EXPECT_DOUBLE_EQ(s.lr_at(3), 2.0);
 }
 
+TEST(Schedule, WarmupStableDecay) {
+  ScheduleOptions o;
+  o.warmup_steps = 10;
+  o.total_steps = 110;
+  o.decay = "wsd";
+  o.wsd_decay_fraction = 0.2;  // decay over the last 20 of the 100 post-warmup steps
+  o.min_lr = 1e-4;
+  LrSchedule s(1e-3, o);
+  EXPECT_DOUBLE_EQ(s.lr_at(9), 1e-3);
+  EXPECT_DOUBLE_EQ(s.lr_at(10), 1e-3);
+  EXPECT_DOUBLE_EQ(s.lr_at(89), 1e-3);  // p = 0.79: still stable
+  EXPECT_DOUBLE_EQ(s.lr_at(90), 1e-3);  // p = 0.8: decay starts
+  EXPECT_NEAR(s.lr_at(100), 1e-3 - 0.9e-3 * 0.5, 1e-15);
+  EXPECT_DOUBLE_EQ(s.lr_at(110), 1e-4);
+}
+
+TEST(Schedule, BatchScalingRules) {
+  EXPECT_DOUBLE_EQ(scaled_lr(1e-3, "none", 256, 1024), 1e-3);
+  EXPECT_DOUBLE_EQ(scaled_lr(1e-3, "linear", 256, 1024), 4e-3);
+  EXPECT_DOUBLE_EQ(scaled_lr(1e-3, "sqrt", 256, 1024), 2e-3);
+  EXPECT_DOUBLE_EQ(scaled_lr(1e-3, "linear", 0, 1024), 1e-3);  // base_batch 0: unchanged
+  EXPECT_THROW(scaled_lr(1e-3, "cubic", 256, 1024), Error);
+}
+
 TEST(Schedule, RejectsBadOptions) {
   auto expect_error = [](ScheduleOptions o, const std::string& key) {
     try {
@@ -80,6 +104,9 @@ TEST(Schedule, RejectsBadOptions) {
   o = {};
   o.min_lr = -1;
   expect_error(o, "schedule.min_lr");
+  o = {};
+  o.wsd_decay_fraction = 0;
+  expect_error(o, "schedule.wsd_decay_fraction");
 }
 
 }  // namespace

@@ -7,11 +7,14 @@
 
 #include <c10/core/Device.h>
 
+#include "gradguard/amp/loss_scaler.h"
+
 namespace gradguard::amp {
 
 struct AmpOptions {
   std::string dtype = "fp32";  // fp32 | bf16 | fp16 (fp16 needs a GPU: the CPU has no fp16 autocast)
-  void validate() const;       // throws gradguard::Error naming amp.dtype
+  LossScalerOptions scaler;    // amp.scaler.*: dynamic loss scaling (auto: on for fp16 only)
+  void validate() const;       // throws gradguard::Error naming amp.dtype / amp.scaler.<key>
 };
 
 // Throws gradguard::Error (bad input, key amp.dtype) when `device` cannot compute in the

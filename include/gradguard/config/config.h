@@ -29,6 +29,11 @@ struct Config {
   train::EvalOptions eval;
   train::CheckpointOptions checkpoint;
   train::LogOptions log;
+  train::DebugOptions debug;
+
+  // Advice produced by finalize() that is not an error (e.g. a global batch that is not
+  // a power of two). Not part of the YAML.
+  std::vector<std::string> warnings;
 
   // Validates every section, then the rules that span sections (schedule.min_lr <=
   // optim.lr, batch.global_batch divisible, power-of-two sizes, data.seq_len <=

@@ -18,17 +18,23 @@ class Optimizer;
 namespace gradguard::optim {
 
 struct OptimOptions {
-  std::string name = "adamw";                // adamw
-  double lr = 3e-3;                          // peak learning rate (> 0)
-  std::array<double, 2> betas = {0.9, 0.95}; // Adam beta1, beta2, each in [0, 1)
-  double eps = 1e-8;                         // Adam epsilon (> 0)
-  double weight_decay = 0.1;                 // decoupled decay on dim >= 2 tensors; 0 disables
+  std::string name = "adamw";                // adamw | lamb | lars
+  double lr = 3e-3;                          // peak learning rate (> 0) at batch base_batch
+  std::array<double, 2> betas = {0.9, 0.95}; // Adam/LAMB beta1, beta2, each in [0, 1)
+  double eps = 1e-8;                         // Adam/LAMB epsilon (> 0; large-batch fine-tuning often wants 1e-6)
+  double weight_decay = 0.1;                 // decay on dim >= 2 tensors (decoupled for AdamW/LAMB, L2 for LARS); 0 disables
+  double max_trust_ratio = 10.0;             // LAMB: clamp of ||w|| / ||update|| (> 0)
+  double momentum = 0.9;                     // LARS: momentum in [0, 1)
+  double trust_coefficient = 0.001;          // LARS: eta of the local learning rate (> 0)
+  std::string lr_scaling = "none";           // none | linear | sqrt: scale lr by global_batch / base_batch
+  int64_t base_batch = 0;                    // sequences per step lr was tuned for; 0 = no scaling
   void validate() const;                     // throws gradguard::Error naming optim.<key>
 };
 
 using NamedParameters = std::vector<std::pair<std::string, at::Tensor>>;
 
-// Builds the optimizer over `params`; group 0 decays, group 1 does not.
+// Builds the optimizer over `params`; group 0 (dim >= 2) decays and is layer-adaptive
+// for LAMB/LARS, group 1 (norms, biases) neither.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const NamedParameters& params,
                                                         const OptimOptions& options);
 

@@ -4,6 +4,8 @@
 
 #include <cstdio>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -15,12 +17,14 @@ struct StepMetrics {
   double loss = 0;           // mean target-token loss of the global batch (nats/token)
   double lr = 0;             // learning rate used at this step
   double grad_norm = 0;      // global L2 norm of the unscaled gradients before clipping
-  double clip_coef = 1;      // factor the gradients were multiplied by
+  double clip_coef = 1;      // global norm after clipping / before
+  double clip_threshold = 0; // threshold the clipping strategy used (inf: none)
   double loss_scale = 1;     // loss scale in effect (1 without dynamic scaling)
   bool skipped = false;      // the optimizer step was not applied
   int64_t tokens = 0;        // target tokens in this step's global batch
   double tokens_per_s = 0;   // tokens / wall time of this step
   double elapsed_s = 0;      // wall time since training started
+  std::vector<std::pair<std::string, double>> layer_grad_norms;  // [layer group] unscaled L2 norm
 };
 
 class MetricsWriter {

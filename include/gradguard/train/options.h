@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace gradguard::train {
 
@@ -37,6 +38,12 @@ struct EvalOptions {
 struct CheckpointOptions {
   int64_t every = 0;           // save every N optimizer steps; 0 = only the final checkpoint
   int64_t keep_last = 3;       // periodic checkpoints kept; 0 keeps all (the final one is always kept)
+  void validate() const;
+};
+
+// Fault injection for tests and for reproducing instabilities on purpose.
+struct DebugOptions {
+  std::vector<int64_t> inject_nonfinite_steps;  // 0-based steps whose gradients get an inf after backward; [] = none
   void validate() const;
 };
 

@@ -16,10 +16,13 @@ namespace gradguard::train {
 // .grad. The loss is the mean over all target tokens of the global batch: each micro-batch
 // contributes sum(token losses) / total_tokens, so micro 4 x accum 8 gives the same
 // gradients as micro 32 x accum 1. `total_tokens` is the target-token count of the whole
-// global batch (across ranks). Returns the global-batch mean loss as a 0-dim tensor on
-// the model's device (no host sync).
+// global batch (across ranks). With loss_scale != 1 the loss is multiplied by it before
+// backward (dynamic loss scaling), so the gradients come out scaled and must be unscaled
+// by the statistics pass. Returns the global-batch mean loss (unscaled) as a 0-dim
+// tensor on the model's device (no host sync).
 at::Tensor accumulate_gradients(model::LlamaForCausalLMImpl& model, const std::vector<data::Batch>& micro_batches,
-                                int64_t total_tokens, const amp::AmpOptions& amp, const c10::Device& device);
+                                int64_t total_tokens, const amp::AmpOptions& amp, const c10::Device& device,
+                                double loss_scale = 1.0);
 
 // Mean target-token loss over up to `batches` micro-batches of `micro_batch` samples taken
 // from the start of `dataset` (never wrapping past its end), without gradients. Syncs once.

@@ -1,0 +1,67 @@
+// Fused gradient statistics: the one pass over all gradients that every guarded step
+// makes. It unscales the gradients (multiplies by 1/loss_scale), computes every
+// per-tensor L2 norm with one foreach kernel, the global norm from them exactly as
+// torch.nn.utils.clip_grad_norm_ does, and derives the non-finite flag from the global
+// norm (an inf or NaN anywhere makes it non-finite). Everything the host needs -- the
+// norms, the global norm and any extra scalars of the step such as the loss -- comes
+// back in ONE device->host copy, counted by host_syncs() so tests can hold the guarded
+// step to its budget of one sync.
+//
+// Per-layer norms group the tensors by their Hugging Face name: "model.layers.N.*" ->
+// "layers.N", "model.embed_tokens.*" -> "embed_tokens", "model.norm.*" -> "norm",
+// "lm_head.*" -> "lm_head" (anything else keeps its own name).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <ATen/Tensor.h>
+
+namespace gradguard::grad {
+
+// Tensor -> layer grouping of a parameter list.
+struct LayerGroups {
+  std::vector<std::string> names;  // [group] e.g. "embed_tokens", "layers.0", ..., "lm_head"
+  std::vector<int64_t> group_of;   // [tensor] index into names
+};
+LayerGroups group_by_layer(const std::vector<std::string>& param_names);
+std::string layer_of(const std::string& param_name);
+
+struct GradStats {
+  double global_norm = 0;                // L2 norm of all unscaled gradients (before clipping)
+  bool nonfinite = false;                // some gradient holds inf or NaN
+  std::vector<double> tensor_norms;      // [tensor] L2 norm (0 for a tensor without gradient)
+  std::vector<double> layer_norms;       // [group of LayerGroups] L2 norm
+  double norm_after_device_clip = 0;     // global norm after an on-device clip hook (= global_norm without one)
+  std::vector<double> extras;            // [i] the extra scalars passed to compute(), same order
+};
+
+// An on-device clipping pass run between measuring and reading back (AGC uses it), so
+// its effect is measured in the same single copy. Gets the unscaled gradients.
+using DeviceClipHook = std::function<void(const std::vector<at::Tensor>& grads)>;
+
+class GradStatsComputer {
+ public:
+  // `params` and `names` are parallel lists ([tensor]).
+  GradStatsComputer(std::vector<at::Tensor> params, const std::vector<std::string>& names);
+
+  // Unscales the gradients in place by `inv_scale` (skipped when 1), measures them and
+  // returns the statistics. `extras` are 0-dim tensors (e.g. the step's loss) read back
+  // in the same copy. Syncs with the host exactly once.
+  GradStats compute(double inv_scale, const std::vector<at::Tensor>& extras = {},
+                    const DeviceClipHook& hook = {});
+
+  const LayerGroups& groups() const { return groups_; }
+  const std::vector<at::Tensor>& params() const { return params_; }
+
+  // Device->host copies made by compute() in this process (a test hook for the budget).
+  static int64_t host_syncs();
+
+ private:
+  std::vector<at::Tensor> params_;
+  LayerGroups groups_;
+};
+
+}  // namespace gradguard::grad

@@ -1,0 +1,100 @@
+// One foreach norm over the gradients, the global norm computed on the device in the
+// gradients' dtype (so it is bit-equal to torch's clip_grad_norm_), then a single
+// concatenated tensor of [tensor norms | global norm | (after-hook norm) | extras]
+// copied to the host. Tensors without a gradient contribute a norm of 0.
+#include "gradguard/grad/grad_stats.h"
+
+#include <atomic>
+#include <cmath>
+
+#include <torch/torch.h>
+
+namespace gradguard::grad {
+namespace {
+std::atomic<int64_t> g_host_syncs{0};
+}  // namespace
+
+std::string layer_of(const std::string& name) {
+  const std::string layers = "model.layers.";
+  if (name.rfind(layers, 0) == 0) {
+    auto end = name.find('.', layers.size());
+    return "layers." + name.substr(layers.size(), end - layers.size());
+  }
+  for (const char* prefix : {"model.embed_tokens", "model.norm", "lm_head"})
+    if (name.rfind(prefix, 0) == 0) {
+      std::string p = prefix;
+      return p.rfind("model.", 0) == 0 ? p.substr(6) : p;
+    }
+  return name;
+}
+
+LayerGroups group_by_layer(const std::vector<std::string>& param_names) {
+  LayerGroups g;
+  for (const auto& n : param_names) {
+    const std::string layer = layer_of(n);
+    auto it = std::find(g.names.begin(), g.names.end(), layer);
+    if (it == g.names.end()) {
+      g.group_of.push_back(static_cast<int64_t>(g.names.size()));
+      g.names.push_back(layer);
+    } else {
+      g.group_of.push_back(it - g.names.begin());
+    }
+  }
+  return g;
+}
+
+GradStatsComputer::GradStatsComputer(std::vector<at::Tensor> params, const std::vector<std::string>& names)
+    : params_(std::move(params)), groups_(group_by_layer(names)) {
+  TORCH_INTERNAL_ASSERT(params_.size() == names.size());
+}
+
+int64_t GradStatsComputer::host_syncs() { return g_host_syncs.load(); }
+
+GradStats GradStatsComputer::compute(double inv_scale, const std::vector<at::Tensor>& extras,
+                                     const DeviceClipHook& hook) {
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads;  // [tensor with gradient]
+  std::vector<size_t> index;      // [tensor with gradient] -> tensor
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].grad().defined()) {
+      grads.push_back(params_[i].grad());
+      index.push_back(i);
+    }
+  GradStats s;
+  s.tensor_norms.assign(params_.size(), 0.0);
+  s.layer_norms.assign(groups_.names.size(), 0.0);
+  const auto float_opts = torch::TensorOptions().dtype(torch::kFloat).device(
+      grads.empty() ? torch::Device(torch::kCPU) : grads[0].device());
+  std::vector<at::Tensor> parts;
+  if (!grads.empty()) {
+    if (inv_scale != 1.0) at::_foreach_mul_(grads, inv_scale);
+    auto norms = torch::stack(at::_foreach_norm(grads, 2));  // [tensor with gradient]
+    parts.push_back(norms.to(torch::kFloat));
+    parts.push_back(norms.norm(2).to(torch::kFloat).reshape({1}));
+    if (hook) {
+      hook(grads);
+      parts.push_back(torch::stack(at::_foreach_norm(grads, 2)).norm(2).to(torch::kFloat).reshape({1}));
+    }
+  }
+  for (const auto& e : extras) parts.push_back(e.detach().to(float_opts.device()).to(torch::kFloat).reshape({1}));
+  if (parts.empty()) return s;
+  auto host = torch::cat(parts).to(torch::kCPU);  // the one device->host copy
+  ++g_host_syncs;
+  const float* h = host.data_ptr<float>();
+  size_t k = 0;
+  if (!grads.empty()) {
+    for (size_t j = 0; j < grads.size(); ++j) s.tensor_norms[index[j]] = h[k++];
+    s.global_norm = h[k++];
+    s.norm_after_device_clip = hook ? h[k++] : s.global_norm;
+  }
+  for (size_t j = 0; j < extras.size(); ++j) s.extras.push_back(h[k++]);
+  s.nonfinite = !std::isfinite(s.global_norm);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const double n = s.tensor_norms[i];
+    s.layer_norms[groups_.group_of[i]] += n * n;
+  }
+  for (auto& n : s.layer_norms) n = std::sqrt(n);
+  return s;
+}
+
+}  // namespace gradguard::grad
