@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include "gradguard/core/allocator.h"
 #include "gradguard/core/threads.h"
 #include "gradguard/grad/clip.h"
 #include "gradguard/grad/grad_stats.h"
@@ -18,7 +19,8 @@ using namespace gradguard;
 
 struct Fixture {
   Fixture() {
-    configure_threads(0);
+    configure_allocator();
+  configure_threads(0);
     torch::manual_seed(0);
     model = model::LlamaForCausalLM(model::LlamaOptions{});
     auto tokens = torch::randint(0, 256, {32, 65}, torch::kLong);

@@ -67,7 +67,11 @@ GradStats GradStatsComputer::compute(double inv_scale, const std::vector<at::Ten
       grads.empty() ? torch::Device(torch::kCPU) : grads[0].device());
   std::vector<at::Tensor> parts;
   if (!grads.empty()) {
-    if (inv_scale != 1.0) at::_foreach_mul_(grads, inv_scale);
+    if (inv_scale != 1.0) {
+      // Tensor factor rather than a Scalar: the faster CPU multiply (see clip.cpp).
+      auto factor = torch::full({}, inv_scale, grads[0].options());
+      for (auto& g : grads) g.mul_(factor.scalar_type() == g.scalar_type() ? factor : factor.to(g.scalar_type()));
+    }
     auto norms = torch::stack(at::_foreach_norm(grads, 2));  // [tensor with gradient]
     parts.push_back(norms.to(torch::kFloat));
     parts.push_back(norms.norm(2).to(torch::kFloat).reshape({1}));

@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include "gradguard/checkpoint/hf_checkpoint.h"
+#include "gradguard/core/allocator.h"
 #include "gradguard/core/error.h"
 #include "gradguard/core/fs.h"
 #include "gradguard/core/threads.h"
@@ -100,6 +101,7 @@ Trainer::Trainer(config::Config config, std::FILE* out) : s_(std::make_unique<St
   c.finalize();
   s_->device = resolve_device(c.run.device);
   amp::check_supported(c.amp, s_->device);
+  configure_allocator();
   s_->threads = configure_threads(c.run.threads);
   torch::manual_seed(c.run.seed);
 

@@ -5,9 +5,11 @@
 #include <exception>
 
 #include "commands.h"
+#include "gradguard/core/allocator.h"
 #include "gradguard/core/error.h"
 
 int main(int argc, char** argv) {
+  gradguard::configure_allocator();  // before any tensor exists
   CLI::App app{"gradguard: stable large-batch training of transformer language models"};
   app.set_version_flag("--version", std::string("gradguard ") + GRADGUARD_VERSION);
   app.require_subcommand(1);
