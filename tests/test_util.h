@@ -1,7 +1,11 @@
 // Helpers shared by the tests: temporary directories, running the CLI, golden files.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <string>
+
+#include "gradguard/core/error.h"
 
 namespace gradguard::test {
 
@@ -30,5 +34,18 @@ std::string source_path(const std::string& relative);
 
 std::string read_text(const std::string& path);
 void write_text(const std::string& path, const std::string& text);
+
+// Runs `fn`, expects a bad-input gradguard::Error (exit code 2) and returns its message.
+template <typename F>
+std::string bad_input_message(F&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kBadInput) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "expected gradguard::Error (bad input)";
+  return "";
+}
 
 }  // namespace gradguard::test

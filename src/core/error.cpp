@@ -2,6 +2,9 @@
 // names its file or key first.
 #include "gradguard/core/error.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 namespace gradguard {
 namespace {
 std::string format(const std::string& where, const std::string& what) {
@@ -22,6 +25,17 @@ int Error::exit_code() const {
       return 1;
   }
   return 1;
+}
+
+std::string format_number(double value) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", value);
+  for (int precision = 1; precision <= 17; ++precision) {
+    char shorter[32];
+    std::snprintf(shorter, sizeof shorter, "%.*g", precision, value);
+    if (std::strtod(shorter, nullptr) == value) return shorter;
+  }
+  return buf;
 }
 
 Error bad_input(const std::string& where, const std::string& what) {

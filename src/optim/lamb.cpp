@@ -19,51 +19,28 @@
 
 #include <torch/torch.h>
 
+#include "gradguard/core/compat.h"
 #include "gradguard/core/error.h"
 
 namespace gradguard::optim {
-namespace {
-
-// LibTorch 1.x keys optimizer state by the parameter's TensorImpl address printed as a
-// string (c10::guts::to_string, an ostream <<), 2.x by the address itself; this yields
-// the key of whichever LibTorch we are built against, matching what its load() writes.
-using StateKey = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
-
-template <typename Key = StateKey>
-Key state_key(const torch::Tensor& p) {
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream os;
-    os << static_cast<void*>(p.unsafeGetTensorImpl());
-    return os.str();
-  } else {
-    return p.unsafeGetTensorImpl();
-  }
-}
-
-std::string str(double x) {
-  std::ostringstream os;
-  os << x;
-  return os.str();
-}
-
-}  // namespace
+using compat::state_key;
 
 LambOptions::LambOptions(double lr) : lr_(lr) {}
 
 void LambOptions::validate() const {
   if (!(lr() >= 0) || !std::isfinite(lr()))
-    throw bad_input("optim.lr", "must be a finite number >= 0, got " + str(lr()));
+    throw bad_input("optim.lr", "must be a finite number >= 0, got " + format_number(lr()));
   for (double beta : {std::get<0>(betas()), std::get<1>(betas())})
     if (!(beta >= 0 && beta < 1))
-      throw bad_input("optim.betas", "each beta must be in [0, 1), got " + str(beta));
+      throw bad_input("optim.betas", "each beta must be in [0, 1), got " + format_number(beta));
   if (!(eps() > 0) || !std::isfinite(eps()))
-    throw bad_input("optim.eps", "must be a finite number > 0, got " + str(eps()));
+    throw bad_input("optim.eps", "must be a finite number > 0, got " + format_number(eps()));
   if (!(weight_decay() >= 0) || !std::isfinite(weight_decay()))
     throw bad_input("optim.weight_decay",
-                    "must be a finite number >= 0, got " + str(weight_decay()));
+                    "must be a finite number >= 0, got " + format_number(weight_decay()));
   if (!(max_trust_ratio() > 0))
     throw bad_input("optim.max_trust_ratio",
-                    "must be > 0 (inf disables the clamp), got " + str(max_trust_ratio()));
+                    "must be > 0 (inf disables the clamp), got " + format_number(max_trust_ratio()));
 }
 
 void LambOptions::serialize(torch::serialize::OutputArchive& archive) const {

@@ -19,50 +19,27 @@
 
 #include <torch/torch.h>
 
+#include "gradguard/core/compat.h"
 #include "gradguard/core/error.h"
 
 namespace gradguard::optim {
-namespace {
-
-// LibTorch 1.x keys optimizer state by the parameter's TensorImpl address printed as a
-// string (c10::guts::to_string, an ostream <<), 2.x by the address itself; this yields
-// the key of whichever LibTorch we are built against, matching what its load() writes.
-using StateKey = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
-
-template <typename Key = StateKey>
-Key state_key(const torch::Tensor& p) {
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream os;
-    os << static_cast<void*>(p.unsafeGetTensorImpl());
-    return os.str();
-  } else {
-    return p.unsafeGetTensorImpl();
-  }
-}
-
-std::string str(double x) {
-  std::ostringstream os;
-  os << x;
-  return os.str();
-}
-
-}  // namespace
+using compat::state_key;
 
 LarsOptions::LarsOptions(double lr) : lr_(lr) {}
 
 void LarsOptions::validate() const {
   if (!(lr() >= 0) || !std::isfinite(lr()))
-    throw bad_input("optim.lr", "must be a finite number >= 0, got " + str(lr()));
+    throw bad_input("optim.lr", "must be a finite number >= 0, got " + format_number(lr()));
   if (!(momentum() >= 0 && momentum() < 1))
-    throw bad_input("optim.momentum", "must be in [0, 1), got " + str(momentum()));
+    throw bad_input("optim.momentum", "must be in [0, 1), got " + format_number(momentum()));
   if (!(weight_decay() >= 0) || !std::isfinite(weight_decay()))
     throw bad_input("optim.weight_decay",
-                    "must be a finite number >= 0, got " + str(weight_decay()));
+                    "must be a finite number >= 0, got " + format_number(weight_decay()));
   if (!(trust_coefficient() > 0) || !std::isfinite(trust_coefficient()))
     throw bad_input("optim.trust_coefficient",
-                    "must be a finite number > 0, got " + str(trust_coefficient()));
+                    "must be a finite number > 0, got " + format_number(trust_coefficient()));
   if (!(eps() >= 0) || !std::isfinite(eps()))
-    throw bad_input("optim.eps", "must be a finite number >= 0, got " + str(eps()));
+    throw bad_input("optim.eps", "must be a finite number >= 0, got " + format_number(eps()));
 }
 
 void LarsOptions::serialize(torch::serialize::OutputArchive& archive) const {

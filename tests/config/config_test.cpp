@@ -12,16 +12,7 @@ namespace gradguard::config {
 namespace {
 using ::testing::HasSubstr;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.exit_code(), 2) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no error thrown";
-  return "";
-}
+std::string error_of(const std::function<void()>& fn) { return test::bad_input_message(fn); }
 
 std::string error_of_set(const std::string& assignment) {
   return error_of([&] { load_config("", {assignment}); });

@@ -22,17 +22,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-template <typename F>
-std::string bad_input_message(F&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kBadInput) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "expected gradguard::Error (bad input)";
-  return "";
-}
+using test::bad_input_message;
 
 // The text a byte-level token file holds.
 std::string read_tokens_as_text(const std::string& path) {

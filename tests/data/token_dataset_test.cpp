@@ -20,17 +20,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-template <typename F>
-std::string bad_input_message(F&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kBadInput) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "expected gradguard::Error (bad input)";
-  return "";
-}
+using test::bad_input_message;
 
 // A token file holding 100, 101, ..., 100+n-1, so a token tells its own position.
 std::shared_ptr<const TokenFile> counting_file(const test::TempDir& dir, int64_t n) {

@@ -18,18 +18,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// Runs `fn`, expects a bad-input gradguard::Error and returns its message.
-template <typename F>
-std::string bad_input_message(F&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kBadInput) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "expected gradguard::Error (bad input)";
-  return "";
-}
+using test::bad_input_message;
 
 void put_le32(std::string& out, int32_t value) {
   const auto u = static_cast<uint32_t>(value);

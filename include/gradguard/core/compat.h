@@ -4,6 +4,11 @@
 #pragma once
 
 #include <ATen/autocast_mode.h>
+#include <torch/optim/optimizer.h>
+
+#include <sstream>
+#include <string>
+#include <type_traits>
 #include <c10/core/ScalarType.h>
 #include <torch/version.h>
 
@@ -31,6 +36,23 @@ inline bool cpu_autocast_enabled() {
 #else
   return at::autocast::is_cpu_enabled();
 #endif
+}
+
+// Optimizer state is keyed by the parameter's TensorImpl: LibTorch 1.x uses its address
+// printed as a string, 2.x the pointer itself. Deduced from the map's key type, so it
+// follows whichever LibTorch is compiled against and matches what its load() writes.
+using OptimizerStateKey =
+    std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+
+template <typename Key = OptimizerStateKey>
+Key state_key(const at::Tensor& p) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream os;
+    os << static_cast<void*>(p.unsafeGetTensorImpl());
+    return os.str();
+  } else {
+    return p.unsafeGetTensorImpl();
+  }
 }
 
 }  // namespace gradguard::compat

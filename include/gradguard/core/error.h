@@ -31,6 +31,10 @@ class Error : public std::runtime_error {
   std::string where_;
 };
 
+// A number as it should appear in a message ("0.001", "1e-08"): shortest form that
+// reads back as the same double.
+std::string format_number(double value);
+
 // Shorthands for the common kinds.
 Error bad_input(const std::string& where, const std::string& what);
 Error runtime_error(const std::string& where, const std::string& what);
