@@ -9,11 +9,15 @@
 #include <ctime>
 #include <filesystem>
 #include <limits>
+#include <sstream>
+
+#include <ATen/CPUGeneratorImpl.h>
 #include <nlohmann/json.hpp>
 
 #include <torch/torch.h>
 
 #include "gradguard/checkpoint/hf_checkpoint.h"
+#include "gradguard/checkpoint/trainer_checkpoint.h"
 #include "gradguard/core/allocator.h"
 #include "gradguard/core/error.h"
 #include "gradguard/core/fs.h"
@@ -47,6 +51,8 @@ struct Trainer::State {
   std::unique_ptr<grad::GradStatsComputer> stats;
   std::unique_ptr<grad::Clipper> clipper;
   double peak_lr = 0;  // optim.lr after the batch-size scaling rule
+  int64_t start_step = 0;                // first step to run (> 0 after a resume)
+  std::vector<std::string> resume_notes;  // what the resume did, for the progress display
 };
 
 namespace {
@@ -72,30 +78,50 @@ std::string step_dir_name(int64_t step) {
   return buf;
 }
 
-// Saves the model under checkpoints/step-NNNNNNN atomically and prunes old ones.
-std::string save_checkpoint(const std::string& run_dir, model::LlamaForCausalLMImpl& model, int64_t steps_done,
-                            int64_t keep_last) {
-  const stdfs::path root = stdfs::path(run_dir) / "checkpoints";
-  const stdfs::path final_dir = root / step_dir_name(steps_done);
-  const stdfs::path tmp_dir = root / (".tmp-" + step_dir_name(steps_done));
-  stdfs::remove_all(tmp_dir);
-  checkpoint::save_hf_model(tmp_dir.string(), model);
-  stdfs::remove_all(final_dir);
-  stdfs::rename(tmp_dir, final_dir);
-  fs::write_file_atomic((root / "latest").string(), step_dir_name(steps_done) + "\n");
-  if (keep_last > 0) {
-    std::vector<stdfs::path> dirs;
-    for (const auto& e : stdfs::directory_iterator(root))
-      if (e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0) dirs.push_back(e.path());
-    std::sort(dirs.begin(), dirs.end());
-    for (size_t i = 0; i + keep_last < dirs.size(); ++i) stdfs::remove_all(dirs[i]);
+// metrics.jsonl cut back to what was true at `step` (lines of later steps were written
+// after the checkpoint a resume continues from).
+void truncate_metrics(const std::string& path, int64_t step) {
+  if (!fs::exists(path)) return;
+  std::istringstream in(fs::read_file(path));
+  std::string kept;
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.contains("step")) continue;  // a line cut short by a crash
+    const int64_t s = j["step"].get<int64_t>();
+    if (j.contains("val_loss") ? s <= step : s < step) kept += line + "\n";
   }
-  return final_dir.string();
+  fs::write_file_atomic(path, kept);
+}
+
+std::string to_hex(const torch::Tensor& bytes) {
+  static const char* digits = "0123456789abcdef";
+  auto b = bytes.contiguous();
+  const auto* p = b.data_ptr<uint8_t>();
+  std::string out;
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    out += digits[p[i] >> 4];
+    out += digits[p[i] & 15];
+  }
+  return out;
+}
+
+torch::Tensor from_hex(const std::string& hex, const std::string& where) {
+  if (hex.size() % 2 != 0) throw bad_input(where, "rng state is not valid hex");
+  auto t = torch::empty({static_cast<int64_t>(hex.size() / 2)}, torch::kUInt8);
+  auto* p = t.data_ptr<uint8_t>();
+  auto nibble = [&](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    throw bad_input(where, "rng state is not valid hex");
+  };
+  for (size_t i = 0; i < hex.size() / 2; ++i) p[i] = static_cast<uint8_t>(nibble(hex[2 * i]) * 16 + nibble(hex[2 * i + 1]));
+  return t;
 }
 
 }  // namespace
 
-Trainer::Trainer(config::Config config, std::FILE* out) : s_(std::make_unique<State>()) {
+Trainer::Trainer(config::Config config, std::FILE* out, const std::string& resume_run_dir)
+    : s_(std::make_unique<State>()) {
   s_->out = out;
   auto& c = s_->cfg = std::move(config);
   c.finalize();
@@ -135,6 +161,31 @@ Trainer::Trainer(config::Config config, std::FILE* out) : s_(std::make_unique<St
   s_->stats = std::make_unique<grad::GradStatsComputer>(s_->params, s_->names);
   s_->clipper = std::make_unique<grad::Clipper>(c.clip, s_->params, s_->names);
 
+  if (!resume_run_dir.empty()) {
+    s_->run_dir = resume_run_dir;
+    std::vector<std::string> rejected;
+    const std::string dir = checkpoint::find_resumable(resume_run_dir, &rejected);
+    for (const auto& r : rejected) s_->resume_notes.push_back("skipped checkpoint: " + r);
+    auto loaded = checkpoint::load_checkpoint(dir, *s_->model, *s_->optimizer);
+    const auto& st = loaded.trainer_state;
+    try {
+      s_->scaler->load_state_dict(st.at("scaler"));
+      s_->clipper->load_state_dict(st.at("clipper"));
+      at::Generator gen = at::detail::getDefaultCPUGenerator();
+      gen.set_state(from_hex(st.at("rng").get<std::string>(), dir));
+    } catch (const nlohmann::json::exception& e) {
+      throw bad_input(dir + "/trainer_state.json", std::string("malformed: ") + e.what());
+    }
+    s_->start_step = loaded.step;
+    if (s_->start_step > c.schedule.total_steps)
+      throw bad_input("schedule.total_steps", "the checkpoint is at step " + std::to_string(s_->start_step) +
+                                                  ", past schedule.total_steps = " +
+                                                  std::to_string(c.schedule.total_steps));
+    s_->resume_notes.push_back("resumed from " + dir + " (step " + std::to_string(s_->start_step) + ")");
+    truncate_metrics(s_->run_dir + "/metrics.jsonl", s_->start_step);
+    fs::write_file_atomic(s_->run_dir + "/config.yaml", config::to_yaml(c));
+    return;
+  }
   if (c.run.name.empty()) c.run.name = default_run_name(c);
   s_->run_dir = (stdfs::path(c.run.dir) / c.run.name).string();
   const bool has_run = fs::exists(s_->run_dir + "/metrics.jsonl") || fs::exists(s_->run_dir + "/config.yaml");
@@ -179,6 +230,7 @@ TrainResult Trainer::run() {
                 s_->run_dir.c_str());
   progress.line(header);
   for (const auto& w : c.warnings) progress.line("warning: " + w);
+  for (const auto& n : s_->resume_notes) progress.line(n);
   if (s_->peak_lr != c.optim.lr) {
     char msg[160];
     std::snprintf(msg, sizeof msg, "optim.lr_scaling %s: peak lr %.3e (optim.lr %.3e at base_batch %lld)",
@@ -197,11 +249,21 @@ TrainResult Trainer::run() {
     return v;
   };
   model.train();
-  result.initial_val_loss = validate(0);
+  if (s_->start_step == 0) result.initial_val_loss = validate(0);
+  result.resumed_from = s_->start_step > 0 ? s_->start_step : -1;
+  auto save = [&](int64_t steps_done) {
+    nlohmann::ordered_json state = {{"step", steps_done},
+                                    {"scaler", s_->scaler->state_dict()},
+                                    {"clipper", s_->clipper->state_dict()},
+                                    {"rng", to_hex(at::detail::getDefaultCPUGenerator().get_state())}};
+    return checkpoint::save_checkpoint(s_->run_dir + "/checkpoints", steps_done, model, *s_->optimizer, state,
+                                       config::to_yaml(c), c.checkpoint.keep_last);
+  };
 
   const int64_t tokens_per_step = c.batch.global_batch * c.data.seq_len;
   const auto start = Clock::now();
-  for (int64_t step = 0; step < c.schedule.total_steps; ++step) {
+  result.steps = s_->start_step;
+  for (int64_t step = s_->start_step; step < c.schedule.total_steps; ++step) {
     const auto step_start = Clock::now();
     const double lr = schedule.lr_at(step);
     optim::set_learning_rate(*s_->optimizer, lr);
@@ -260,19 +322,19 @@ TrainResult Trainer::run() {
     m.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
     metrics.write_step(m);
     progress.step(m);
-    if (step == 0) result.first_loss = m.loss;
+    if (step == s_->start_step) result.first_loss = m.loss;
     result.final_loss = m.loss;
     result.steps = step + 1;
 
     const bool last = step + 1 == c.schedule.total_steps;
     if (c.eval.every > 0 && (step + 1) % c.eval.every == 0 && !last) validate(step + 1);
     if (c.checkpoint.every > 0 && (step + 1) % c.checkpoint.every == 0 && !last)
-      save_checkpoint(s_->run_dir, model, step + 1, c.checkpoint.keep_last);
+      save(step + 1);
   }
   result.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
-  result.tokens_per_s = result.steps * tokens_per_step / std::max(result.elapsed_s, 1e-9);
+  result.tokens_per_s = (result.steps - s_->start_step) * tokens_per_step / std::max(result.elapsed_s, 1e-9);
   result.final_val_loss = validate(result.steps);
-  result.checkpoint_dir = save_checkpoint(s_->run_dir, model, result.steps, c.checkpoint.keep_last);
+  result.checkpoint_dir = save(result.steps);
   progress.finish();
   return result;
 }

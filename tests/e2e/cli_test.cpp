@@ -127,6 +127,25 @@ TEST_F(Cli, EveryOptimizerAndStrategyTrains) {
   EXPECT_NEAR(metrics("scaled")[1]["lr"].get<double>(), 3e-3, 1e-12);
 }
 
+TEST_F(Cli, ResumeContinuesARun) {
+  ASSERT_EQ(run_cli(train_args("--set schedule.total_steps=4 --set schedule.warmup_steps=1"), dir_.path()).exit_code, 0);
+  // The same run extended to 6 steps; its config.yaml is the base, --set still applies.
+  auto r = run_cli("train --resume auto --set schedule.total_steps=6", dir_.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("resumed from runs/tiny/checkpoints/step-0000004"));
+  EXPECT_THAT(r.output, HasSubstr("resumed at step 4"));
+  int steps = 0;
+  for (const auto& m : metrics("tiny"))
+    if (m.contains("loss") && !m.contains("event")) EXPECT_EQ(m["step"], steps++);
+  EXPECT_EQ(steps, 6);
+  r = run_cli("train --resume runs/nope", dir_.path());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("runs/nope"));
+  r = run_cli("train --resume runs/tiny --set model.num_layers=3", dir_.path());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("model.num_layers = 2 but the configuration asks for 3"));
+}
+
 TEST_F(Cli, InitFromContinuesFromACheckpoint) {
   ASSERT_EQ(run_cli(train_args(), dir_.path()).exit_code, 0);
   auto r = run_cli(train_args("--name second --set model.init_from=runs/tiny/checkpoints/step-0000006 "

@@ -2,30 +2,75 @@
 // built-in default when no file is given, then prints a summary.
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 
 #include "commands.h"
 #include "gradguard/config/config.h"
+#include "gradguard/core/error.h"
+#include "gradguard/core/fs.h"
 #include "gradguard/train/progress.h"
 #include "gradguard/train/trainer.h"
 
 namespace gradguard::cli {
+
+namespace {
+namespace stdfs = std::filesystem;
+
+// `--resume auto`: the most recently written run under `runs_dir` that has a checkpoint.
+std::string newest_run(const std::string& runs_dir) {
+  std::string best;
+  stdfs::file_time_type best_time;
+  std::error_code ec;
+  for (const auto& e : stdfs::directory_iterator(runs_dir, ec)) {
+    const auto latest = e.path() / "checkpoints" / "latest";
+    if (!stdfs::exists(latest)) continue;
+    const auto t = stdfs::last_write_time(latest);
+    if (best.empty() || t > best_time) best = e.path().string(), best_time = t;
+  }
+  if (best.empty()) throw bad_input("--resume auto", "no run under '" + runs_dir + "' has a checkpoint");
+  return best;
+}
+}  // namespace
 
 void add_train_command(CLI::App& app, Action& action) {
   auto* cmd = app.add_subcommand("train", "Train a model (the built-in default: a tiny Llama on the Brown corpus)");
   auto path = std::make_shared<std::string>();
   auto sets = std::make_shared<std::vector<std::string>>();
   auto name = std::make_shared<std::string>();
+  auto resume = std::make_shared<std::string>();
   cmd->add_option("-c,--config", *path, "YAML configuration file (default: built-in)");
   cmd->add_option("-s,--set", *sets, "Override: key.path=value (value read as YAML); repeatable");
   cmd->add_option("-n,--name", *name, "Run name (same as --set run.name=NAME)");
-  cmd->callback([&action, path, sets, name] {
-    action = [path, sets, name] {
+  cmd->add_option("-r,--resume", *resume,
+                  "Continue RUN_DIR from its newest good checkpoint ('auto': the newest run under run.dir); "
+                  "its config.yaml is the base configuration unless --config is given");
+  cmd->callback([&action, path, sets, name, resume] {
+    action = [path, sets, name, resume] {
       auto overrides = *sets;
       if (!name->empty()) overrides.push_back("run.name=" + *name);
-      train::Trainer trainer(config::load_config(*path, overrides));
+      std::string run_dir;
+      std::string config_path = *path;
+      if (!resume->empty()) {
+        if (*resume == "auto") {
+          // Only run.dir matters here: from --set, else from --config, else the default.
+          std::string runs_dir = path->empty() ? config::default_config().run.dir : config::load_config(*path, {}).run.dir;
+          for (const auto& o : overrides)
+            if (o.rfind("run.dir=", 0) == 0) runs_dir = o.substr(8);
+          run_dir = newest_run(runs_dir);
+        } else {
+          run_dir = *resume;
+        }
+        if (!stdfs::is_directory(run_dir)) throw bad_input("--resume " + run_dir, "is not a run directory");
+        if (config_path.empty()) config_path = run_dir + "/config.yaml";
+        const stdfs::path p = stdfs::path(run_dir).lexically_normal();
+        overrides.push_back("run.dir=" + (p.has_parent_path() ? p.parent_path().string() : std::string(".")));
+        overrides.push_back("run.name=" + p.filename().string());
+      }
+      train::Trainer trainer(config::load_config(config_path, overrides), stdout, run_dir);
       auto r = trainer.run();
-      std::printf("\nsummary: %lld steps in %s (%.0f tokens/s), %lld skipped\n", (long long)r.steps,
-                  train::format_duration(r.elapsed_s).c_str(), r.tokens_per_s, (long long)r.skipped_steps);
+      std::printf("\nsummary: %lld steps in %s (%.0f tokens/s), %lld skipped%s\n", (long long)r.steps,
+                  train::format_duration(r.elapsed_s).c_str(), r.tokens_per_s, (long long)r.skipped_steps,
+                  r.resumed_from >= 0 ? (", resumed at step " + std::to_string(r.resumed_from)).c_str() : "");
       std::printf("  train loss  %.4f -> %.4f\n", r.first_loss, r.final_loss);
       if (std::isfinite(r.final_val_loss))
         std::printf("  val loss    %.4f -> %.4f nats/token\n", r.initial_val_loss, r.final_val_loss);

@@ -16,7 +16,8 @@ namespace gradguard::train {
 struct TrainResult {
   std::string run_dir;
   std::string checkpoint_dir;   // the final checkpoint
-  int64_t steps = 0;            // optimizer steps run
+  int64_t steps = 0;            // optimizer steps completed (including those before a resume)
+  int64_t resumed_from = -1;    // step the run resumed from; -1 for a fresh run
   int64_t skipped_steps = 0;
   int64_t parameters = 0;
   double first_loss = 0;        // training loss of step 0
@@ -33,7 +34,12 @@ class Trainer {
   // model.init_from, and creates the run directory with config.yaml. Throws
   // gradguard::Error (bad input) for a run directory that already holds a run unless
   // run.overwrite is set.
-  explicit Trainer(config::Config config, std::FILE* out = stdout);
+  //
+  // With `resume_run_dir` set, the run continues in that directory from its newest
+  // checkpoint that verifies (falling back past corrupt ones, each reported), and
+  // metrics.jsonl is cut back to that step; on CPU in fp32 the continuation is
+  // bit-identical to an uninterrupted run.
+  explicit Trainer(config::Config config, std::FILE* out = stdout, const std::string& resume_run_dir = "");
   ~Trainer();
 
   TrainResult run();

@@ -1,0 +1,59 @@
+// Trainer checkpoints: everything a resume needs to continue bit-exactly.
+//
+//   checkpoints/step-NNNNNNN/   (N = optimizer steps completed)
+//     model.safetensors, config.json   the model as an HF directory (loads in Python)
+//     optimizer.pt                     optimizer state (LibTorch archive)
+//     trainer_state.json               step, loss scaler, clipper windows, RNG state
+//     config.yaml                      the effective configuration
+//     manifest.json                    size and CRC-32C of every file above
+//   checkpoints/latest                 name of the newest complete checkpoint
+//
+// A checkpoint is written into checkpoints/.tmp-step-NNNNNNN, every file fsync'd, then
+// renamed into place; `latest` is updated only after that. A crash or a full disk at any
+// moment leaves the previous checkpoints intact. Data position needs no state: sample
+// order is a function of the step (DESIGN.md).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "gradguard/model/llama.h"
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace gradguard::checkpoint {
+
+struct CheckpointContents {
+  int64_t step = 0;               // optimizer steps completed
+  nlohmann::json trainer_state;   // as saved
+  std::string dir;                // the checkpoint directory
+};
+
+// Writes a checkpoint for `step` under `root` (the run's checkpoints/ directory) and
+// prunes all but the newest `keep_last` (0 keeps all). Returns its directory. Throws
+// gradguard::Error (runtime) naming the file when writing fails; the temporary directory
+// is removed and older checkpoints are untouched.
+std::string save_checkpoint(const std::string& root, int64_t step, model::LlamaForCausalLMImpl& model,
+                            torch::optim::Optimizer& optimizer, const nlohmann::json& trainer_state,
+                            const std::string& config_yaml, int64_t keep_last);
+
+// Checks every file of `dir` against its manifest (presence, size, CRC-32C). Throws
+// gradguard::Error (bad input) naming the file and the mismatch.
+void verify_checkpoint(const std::string& dir);
+
+// The newest checkpoint of a run that verifies: `latest` first, then the step
+// directories newest first. Each rejected one adds a line to `rejected`. Throws
+// gradguard::Error (bad input) when the run has none.
+std::string find_resumable(const std::string& run_dir, std::vector<std::string>* rejected);
+
+// Loads a verified checkpoint into the model and optimizer (which must have the same
+// architecture and parameter groups). Throws gradguard::Error (bad input) naming the
+// file: a model that does not match (e.g. the config changed between save and resume)
+// names the differing key.
+CheckpointContents load_checkpoint(const std::string& dir, model::LlamaForCausalLMImpl& model,
+                                   torch::optim::Optimizer& optimizer);
+
+}  // namespace gradguard::checkpoint

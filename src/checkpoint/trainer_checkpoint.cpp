@@ -1,0 +1,176 @@
+// Checkpoint directories with a CRC-32C manifest, committed by directory rename.
+#include "gradguard/checkpoint/trainer_checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include <torch/torch.h>
+
+#include "gradguard/checkpoint/hf_checkpoint.h"
+#include "gradguard/core/crc32c.h"
+#include "gradguard/core/error.h"
+#include "gradguard/core/fs.h"
+
+namespace gradguard::checkpoint {
+namespace stdfs = std::filesystem;
+namespace {
+
+const char* const kFiles[] = {"model.safetensors", "config.json", "optimizer.pt", "trainer_state.json",
+                              "config.yaml"};
+
+std::string step_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%07lld", static_cast<long long>(step));
+  return buf;
+}
+
+void fsync_path(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+nlohmann::json read_json(const std::string& path) {
+  try {
+    return nlohmann::json::parse(fs::read_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    throw bad_input(path, std::string("not valid JSON: ") + e.what());
+  }
+}
+
+// Checks the HF config.json of a checkpoint against the model being resumed.
+void check_architecture(const std::string& dir, const model::LlamaOptions& current) {
+  auto saved = read_hf_config(dir, current);
+  auto differ = [&](const char* key, auto a, auto b) {
+    if (a != b)
+      throw bad_input(dir + "/config.json", std::string("the checkpoint has ") + key + " = " + std::to_string(a) +
+                                                " but the configuration asks for " + std::to_string(b) +
+                                                ": the model changed between save and resume");
+  };
+  differ("model.vocab_size", saved.vocab_size, current.vocab_size);
+  differ("model.hidden_size", saved.hidden_size, current.hidden_size);
+  differ("model.intermediate_size", saved.intermediate_size, current.intermediate_size);
+  differ("model.num_layers", saved.num_layers, current.num_layers);
+  differ("model.num_heads", saved.num_heads, current.num_heads);
+  differ("model.num_kv_heads", saved.num_kv_heads, current.num_kv_heads);
+  differ("model.tie_embeddings", saved.tie_embeddings, current.tie_embeddings);
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& root, int64_t step, model::LlamaForCausalLMImpl& model,
+                            torch::optim::Optimizer& optimizer, const nlohmann::json& trainer_state,
+                            const std::string& config_yaml, int64_t keep_last) {
+  const stdfs::path final_dir = stdfs::path(root) / step_name(step);
+  const stdfs::path tmp = stdfs::path(root) / (".tmp-" + step_name(step));
+  try {
+    stdfs::remove_all(tmp);
+    stdfs::create_directories(tmp);
+    save_hf_model(tmp.string(), model);
+    {
+      torch::serialize::OutputArchive archive;
+      optimizer.save(archive);
+      archive.save_to((tmp / "optimizer.pt").string());
+      fsync_path((tmp / "optimizer.pt").string());
+    }
+    fs::write_file_atomic((tmp / "trainer_state.json").string(), trainer_state.dump(1) + "\n");
+    fs::write_file_atomic((tmp / "config.yaml").string(), config_yaml);
+    nlohmann::ordered_json manifest = {{"format", "gradguard-checkpoint-1"}, {"step", step}};
+    for (const char* name : kFiles) {
+      uint64_t size = 0;
+      const uint32_t crc = crc32c_file((tmp / name).string(), &size);
+      manifest["files"][name] = {{"size", size}, {"crc32c", crc}};
+    }
+    fs::write_file_atomic((tmp / "manifest.json").string(), manifest.dump(1) + "\n");
+    fsync_path(tmp.string());
+    stdfs::remove_all(final_dir);
+    stdfs::rename(tmp, final_dir);
+    fsync_path(root);
+    fs::write_file_atomic((stdfs::path(root) / "latest").string(), step_name(step) + "\n");
+  } catch (const std::exception& e) {
+    std::error_code ec;
+    stdfs::remove_all(tmp, ec);
+    throw runtime_error(final_dir.string(), std::string("checkpoint not written (") + e.what() +
+                                                "); earlier checkpoints are intact");
+  }
+  if (keep_last > 0) {
+    std::vector<stdfs::path> dirs;
+    for (const auto& e : stdfs::directory_iterator(root))
+      if (e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0) dirs.push_back(e.path());
+    std::sort(dirs.begin(), dirs.end());
+    for (size_t i = 0; i + keep_last < dirs.size(); ++i) stdfs::remove_all(dirs[i]);
+  }
+  return final_dir.string();
+}
+
+void verify_checkpoint(const std::string& dir) {
+  const std::string manifest_path = dir + "/manifest.json";
+  if (!fs::exists(manifest_path)) throw bad_input(manifest_path, "missing: not a complete checkpoint");
+  auto manifest = read_json(manifest_path);
+  if (!manifest.contains("files") || !manifest["files"].is_object())
+    throw bad_input(manifest_path, "has no \"files\" object");
+  for (const char* name : kFiles) {
+    const std::string path = dir + "/" + name;
+    if (!manifest["files"].contains(name)) throw bad_input(manifest_path, std::string("does not list ") + name);
+    const auto& entry = manifest["files"][name];
+    if (!fs::exists(path)) throw bad_input(path, "missing (listed in the manifest)");
+    uint64_t size = 0;
+    const uint32_t crc = crc32c_file(path, &size);
+    if (!entry.contains("size") || entry["size"] != size)
+      throw bad_input(path, "size " + std::to_string(size) + " does not match the manifest (" +
+                                entry.value("size", nlohmann::json()).dump() + "): truncated or replaced");
+    if (!entry.contains("crc32c") || entry["crc32c"] != crc)
+      throw bad_input(path, "checksum does not match the manifest: the file is corrupt");
+  }
+}
+
+std::string find_resumable(const std::string& run_dir, std::vector<std::string>* rejected) {
+  const stdfs::path root = stdfs::path(run_dir) / "checkpoints";
+  if (!stdfs::is_directory(root)) throw bad_input(run_dir, "has no checkpoints/ directory to resume from");
+  std::vector<std::string> candidates;
+  if (fs::exists((root / "latest").string())) {
+    std::string name = fs::read_file((root / "latest").string());
+    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+    if (!name.empty() && name.find('/') == std::string::npos) candidates.push_back((root / name).string());
+  }
+  std::vector<std::string> dirs;
+  for (const auto& e : stdfs::directory_iterator(root))
+    if (e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0) dirs.push_back(e.path().string());
+  std::sort(dirs.rbegin(), dirs.rend());
+  candidates.insert(candidates.end(), dirs.begin(), dirs.end());
+  for (const auto& dir : candidates) {
+    try {
+      verify_checkpoint(dir);
+      return dir;
+    } catch (const Error& e) {
+      if (rejected != nullptr) rejected->push_back(e.what());
+    }
+  }
+  throw bad_input(run_dir, "no checkpoint verifies against its manifest; nothing to resume from");
+}
+
+CheckpointContents load_checkpoint(const std::string& dir, model::LlamaForCausalLMImpl& model,
+                                   torch::optim::Optimizer& optimizer) {
+  check_architecture(dir, model.options());
+  CheckpointContents c;
+  c.dir = dir;
+  c.trainer_state = read_json(dir + "/trainer_state.json");
+  if (!c.trainer_state.contains("step") || !c.trainer_state["step"].is_number_integer())
+    throw bad_input(dir + "/trainer_state.json", "has no integer \"step\"");
+  c.step = c.trainer_state["step"].get<int64_t>();
+  load_hf_weights(dir, model);
+  try {
+    torch::serialize::InputArchive archive;
+    archive.load_from(dir + "/optimizer.pt");
+    optimizer.load(archive);
+  } catch (const c10::Error& e) {
+    throw bad_input(dir + "/optimizer.pt", std::string("cannot be loaded into this optimizer (optim.name changed?): ") +
+                                               e.what_without_backtrace());
+  }
+  return c;
+}
+
+}  // namespace gradguard::checkpoint
