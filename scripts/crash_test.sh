@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Crash test for checkpoints and resume: trains a small run, kills it with SIGKILL at
+# random moments (startup, mid-step, mid-checkpoint) KILLS times, resuming after each
+# kill, then lets it finish and checks that the final weights are bit-identical to an
+# uninterrupted run of the same configuration. Exit 0 on success.
+#
+# Usage: scripts/crash_test.sh [KILLS=20]   (needs build/gradguard and data/brown)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+KILLS=${1:-20}
+BIN=build/gradguard
+WORK=$(mktemp -d /tmp/gradguard-crash-XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+[ -x "$BIN" ] && [ -f data/brown/train.bin ] || { echo "crash_test: run scripts/setup.sh first" >&2; exit 1; }
+
+ARGS=(--config configs/tiny.yaml --set run.dir="$WORK" --set schedule.total_steps=60
+      --set schedule.warmup_steps=5 --set checkpoint.every=1 --set checkpoint.keep_last=3
+      --set eval.every=0 --set log.progress=none --set model.hidden_size=64
+      --set model.intermediate_size=128 --set batch.micro_batch=8)
+
+echo "crash_test: uninterrupted reference run"
+"$BIN" train "${ARGS[@]}" --name reference >/dev/null
+
+kills=0
+resumes=0
+while [ "$kills" -lt "$KILLS" ]; do
+  if [ -f "$WORK/victim/checkpoints/latest" ]; then
+    "$BIN" train --resume "$WORK/victim" --set log.progress=none >"$WORK/log" 2>&1 &
+    resumes=$((resumes + 1))
+  else
+    "$BIN" train "${ARGS[@]}" --name victim --set run.overwrite=true >"$WORK/log" 2>&1 &
+  fi
+  pid=$!
+  sleep "$(awk -v s=$RANDOM 'BEGIN { srand(s); printf "%.2f", 0.2 + rand() * 1.5 }')"
+  if kill -9 "$pid" 2>/dev/null; then
+    kills=$((kills + 1))
+    wait "$pid" 2>/dev/null || true
+    echo "crash_test: kill $kills/$KILLS ($(cat "$WORK/victim/checkpoints/latest" 2>/dev/null || echo 'no checkpoint yet'))"
+  else
+    wait "$pid" || { echo "crash_test: run failed:"; cat "$WORK/log"; exit 1; }
+    echo "crash_test: the run finished before the kill; starting over"
+    rm -rf "$WORK/victim"
+  fi
+done
+
+echo "crash_test: final resume to completion"
+"$BIN" train --resume "$WORK/victim" --set log.progress=none >"$WORK/log" 2>&1 || { cat "$WORK/log"; exit 1; }
+ref="$WORK/reference/checkpoints/step-0000060/model.safetensors"
+got="$WORK/victim/checkpoints/step-0000060/model.safetensors"
+if cmp -s "$ref" "$got"; then
+  echo "crash_test: PASS: $kills kills, $((resumes + 1)) resumes, final weights bit-identical to the uninterrupted run"
+else
+  echo "crash_test: FAIL: final weights differ from the uninterrupted run" >&2
+  exit 1
+fi
