@@ -1,13 +1,16 @@
 // safetensors I/O. Writing builds the JSON header from the tensors in the order given,
 // pads it with spaces to a multiple of 8 bytes (so the data section is aligned), and
 // writes through a temporary file that is renamed into place only once complete.
-// Reading loads the file, validates the header completely and copies each tensor into
-// memory the returned tensor owns.
+// Reading is split in two: parse_safetensors_header validates the 8-byte length and the
+// JSON header completely using only the standard library and nlohmann::json (so it can be
+// fuzzed and tested without LibTorch), then load_safetensors copies each validated byte
+// range into memory a freshly allocated tensor owns.
 #include "gradguard/checkpoint/safetensors.h"
 
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -88,32 +91,31 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   out.commit();
 }
 
-SafetensorsContents load_safetensors(const std::string& path) {
-  std::string bytes = fs::read_file(path);
-  if (bytes.size() < 8)
-    throw bad_input(path, "truncated safetensors file: " + std::to_string(bytes.size()) +
+SafetensorsHeader parse_safetensors_header(const std::string& path, const char* data, size_t size) {
+  if (size < 8)
+    throw bad_input(path, "truncated safetensors file: " + std::to_string(size) +
                               " bytes, the header length alone needs 8");
   uint64_t header_len = 0;
   for (int i = 0; i < 8; ++i)
-    header_len |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+    header_len |= static_cast<uint64_t>(static_cast<unsigned char>(data[i])) << (8 * i);
   if (header_len > kSafetensorsMaxHeaderBytes)
     throw bad_input(path, "safetensors header length " + std::to_string(header_len) +
                               " exceeds the 100 MB limit (corrupt or hostile file)");
-  if (header_len > bytes.size() - 8)
+  if (header_len > size - 8)
     throw bad_input(path, "safetensors header length " + std::to_string(header_len) +
-                              " runs past the end of the file (" +
-                              std::to_string(bytes.size()) + " bytes): truncated?");
+                              " runs past the end of the file (" + std::to_string(size) +
+                              " bytes): truncated?");
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + header_len);
+    header = nlohmann::json::parse(data + 8, data + 8 + header_len);
   } catch (const nlohmann::json::exception& e) {
     throw bad_input(path, std::string("safetensors header is not valid JSON: ") + e.what());
   }
   if (!header.is_object()) throw bad_input(path, "safetensors header is not a JSON object");
 
-  const uint64_t data_start = 8 + header_len;
-  const uint64_t data_len = bytes.size() - data_start;
-  SafetensorsContents out;
+  SafetensorsHeader out;
+  out.data_start = 8 + header_len;
+  const uint64_t data_len = size - out.data_start;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;  // [tensor] byte range, for overlaps
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();
@@ -137,38 +139,56 @@ SafetensorsContents load_safetensors(const std::string& path) {
     if (dtype == nullptr)
       throw bad_input(where, "unknown dtype '" + entry["dtype"].get<std::string>() +
                                  "' (valid: " + valid_dtype_names() + ")");
-    std::vector<int64_t> shape;
+    SafetensorsEntry e;
+    e.name = name;
+    e.dtype = dtype->name;
+    e.element_size = dtype->size;
     uint64_t numel = 1;
     for (const auto& d : entry["shape"]) {
       if (!d.is_number_unsigned()) throw bad_input(where, "shape must hold non-negative integers");
       uint64_t v = d.get<uint64_t>();
+      // Caps keep numel * element size far from uint64 overflow (2^50 * 8 < 2^64).
       if (v > (1ull << 40) || (v != 0 && numel > (1ull << 50) / v))
         throw bad_input(where, "shape is implausibly large");
       numel *= v;
-      shape.push_back(static_cast<int64_t>(v));
+      e.shape.push_back(static_cast<int64_t>(v));
     }
     const auto& offs = entry["data_offsets"];
     if (!offs[0].is_number_unsigned() || !offs[1].is_number_unsigned())
       throw bad_input(where, "data_offsets must be two non-negative integers");
-    uint64_t begin = offs[0].get<uint64_t>(), end = offs[1].get<uint64_t>();
-    if (begin > end || end > data_len)
-      throw bad_input(where, "data_offsets [" + std::to_string(begin) + ", " +
-                                 std::to_string(end) + ") lie outside the data section (" +
+    e.begin = offs[0].get<uint64_t>();
+    e.end = offs[1].get<uint64_t>();
+    if (e.begin > e.end || e.end > data_len)
+      throw bad_input(where, "data_offsets [" + std::to_string(e.begin) + ", " +
+                                 std::to_string(e.end) + ") lie outside the data section (" +
                                  std::to_string(data_len) + " bytes)");
-    if (end - begin != numel * dtype->size)
-      throw bad_input(where, "byte length " + std::to_string(end - begin) + " does not match " +
-                                 std::string(dtype->name) + " shape with " +
+    if (e.end - e.begin != numel * dtype->size)
+      throw bad_input(where, "byte length " + std::to_string(e.end - e.begin) +
+                                 " does not match " + std::string(dtype->name) + " shape with " +
                                  std::to_string(numel) + " elements");
-    ranges.emplace_back(begin, end);
-    at::Tensor t = torch::empty(shape, torch::dtype(dtype->type));
-    if (numel > 0) std::memcpy(t.data_ptr(), bytes.data() + data_start + begin, end - begin);
-    out.tensors.emplace(name, std::move(t));
+    ranges.emplace_back(e.begin, e.end);
+    out.entries.push_back(std::move(e));
   }
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i)
     if (ranges[i].first < ranges[i - 1].second && ranges[i].first != ranges[i].second)
       throw bad_input(path, "tensors overlap in the data section at byte " +
                                 std::to_string(ranges[i].first));
+  return out;
+}
+
+SafetensorsContents load_safetensors(const std::string& path) {
+  const std::string bytes = fs::read_file(path);
+  const SafetensorsHeader header = parse_safetensors_header(path, bytes.data(), bytes.size());
+  SafetensorsContents out;
+  out.metadata = header.metadata;
+  for (const auto& e : header.entries) {
+    // parse_safetensors_header accepted the dtype, so find_dtype cannot fail here.
+    at::Tensor t = torch::empty(e.shape, torch::dtype(find_dtype(e.dtype)->type));
+    if (e.end > e.begin)
+      std::memcpy(t.data_ptr(), bytes.data() + header.data_start + e.begin, e.end - e.begin);
+    out.tensors.emplace(e.name, std::move(t));
+  }
   return out;
 }
 

@@ -109,5 +109,60 @@ TEST(Safetensors, MissingFileNamesThePath) {
   }
 }
 
+TEST(SafetensorsHeader, ParsesEntriesFromMemory) {
+  const std::string header = R"({"__metadata__":{"format":"pt"},)"
+                             R"("b":{"dtype":"BF16","shape":[2,3],"data_offsets":[8,20]},)"
+                             R"("a":{"dtype":"F64","shape":[],"data_offsets":[0,8]}})";
+  const std::string bytes = raw_file(header, 20);
+  const SafetensorsHeader h = parse_safetensors_header("mem", bytes.data(), bytes.size());
+  EXPECT_EQ(h.data_start, 8 + header.size());
+  EXPECT_EQ(h.metadata.at("format"), "pt");
+  ASSERT_EQ(h.entries.size(), 2u);
+  EXPECT_EQ(h.entries[0].name, "a");  // JSON object order: sorted by name
+  EXPECT_EQ(h.entries[0].dtype, "F64");
+  EXPECT_EQ(h.entries[0].element_size, 8);
+  EXPECT_TRUE(h.entries[0].shape.empty());
+  EXPECT_EQ(h.entries[0].begin, 0u);
+  EXPECT_EQ(h.entries[0].end, 8u);
+  EXPECT_EQ(h.entries[1].name, "b");
+  EXPECT_EQ(h.entries[1].dtype, "BF16");
+  EXPECT_EQ(h.entries[1].element_size, 2);
+  EXPECT_EQ(h.entries[1].shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(h.entries[1].begin, 8u);
+  EXPECT_EQ(h.entries[1].end, 20u);
+}
+
+TEST(SafetensorsHeader, MatchesWhatTheWriterProduces) {
+  test::TempDir dir;
+  save_safetensors(dir.file("w.safetensors"), {{"w", torch::ones({3, 2})}, {"z", torch::zeros({0})}});
+  const std::string bytes = test::read_text(dir.file("w.safetensors"));
+  const SafetensorsHeader h = parse_safetensors_header("w", bytes.data(), bytes.size());
+  ASSERT_EQ(h.entries.size(), 2u);
+  EXPECT_EQ(h.entries[0].shape, (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(h.entries[0].end - h.entries[0].begin, 24u);
+  EXPECT_EQ(h.entries[1].begin, h.entries[1].end);
+  EXPECT_EQ(h.data_start + 24, bytes.size());
+}
+
+TEST(SafetensorsHeader, RejectsWithTheGivenPathAndSameMessages) {
+  const auto rejects = [](const std::string& bytes, const std::string& needle) {
+    try {
+      parse_safetensors_header("where.safetensors", bytes.data(), bytes.size());
+      ADD_FAILURE() << "accepted bytes that should fail with: " << needle;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kBadInput);
+      EXPECT_THAT(e.what(), HasSubstr("where.safetensors"));
+      EXPECT_THAT(e.what(), HasSubstr(needle));
+    }
+  };
+  rejects("", "truncated");
+  rejects(raw_file("{}", 0, 1ull << 40), "exceeds");
+  rejects(raw_file("[]", 0), "not a JSON object");
+  rejects(raw_file(R"({"__metadata__":{"k":1}})", 0), "is not a string");
+  rejects(raw_file(R"({"a":{"dtype":"F32","shape":[1099511627777],"data_offsets":[0,4]}})", 4),
+          "implausibly large");
+  rejects(raw_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[8,4]}})", 8), "outside the data");
+}
+
 }  // namespace
 }  // namespace gradguard::checkpoint

@@ -146,6 +146,23 @@ TEST_F(Cli, ResumeContinuesARun) {
   EXPECT_THAT(r.output, HasSubstr("model.num_layers = 2 but the configuration asks for 3"));
 }
 
+TEST_F(Cli, ExportWritesALoadableHfDirectory) {
+  ASSERT_EQ(run_cli(train_args(), dir_.path()).exit_code, 0);
+  auto r = run_cli("export runs/tiny --out exported", dir_.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("runs/tiny/checkpoints/step-0000006 -> exported"));
+  auto opts = checkpoint::read_hf_config(dir_.file("exported"), {});
+  model::LlamaForCausalLM m(opts);
+  EXPECT_NO_THROW(checkpoint::load_hf_weights(dir_.file("exported"), *m));
+  r = run_cli("export runs/tiny --out exported", dir_.path());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("--force"));
+  test::write_text(dir_.file("runs/tiny/checkpoints/step-0000004/config.json"), "{}");
+  r = run_cli("export runs/tiny/checkpoints/step-0000004 --out other", dir_.path());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("step-0000004/config.json"));
+}
+
 TEST_F(Cli, InitFromContinuesFromACheckpoint) {
   ASSERT_EQ(run_cli(train_args(), dir_.path()).exit_code, 0);
   auto r = run_cli(train_args("--name second --set model.init_from=runs/tiny/checkpoints/step-0000006 "

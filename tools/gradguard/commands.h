@@ -13,5 +13,6 @@ using Action = std::function<int()>;
 void add_train_command(CLI::App& app, Action& action);
 void add_prepare_command(CLI::App& app, Action& action);
 void add_config_command(CLI::App& app, Action& action);
+void add_export_command(CLI::App& app, Action& action);
 
 }  // namespace gradguard::cli
