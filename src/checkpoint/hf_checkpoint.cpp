@@ -5,6 +5,7 @@
 #include "gradguard/checkpoint/hf_checkpoint.h"
 
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -16,7 +17,49 @@
 
 namespace gradguard::checkpoint {
 
-void save_hf_model(const std::string& dir, model::LlamaForCausalLMImpl& model) {
+namespace {
+
+// Every tensor of a (possibly sharded) HF directory, with the file each came from.
+std::map<std::string, at::Tensor> load_all_tensors(const std::string& dir, std::string* source) {
+  const std::string single = dir + "/model.safetensors";
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  if (fs::exists(single) || !fs::exists(index_path)) {
+    *source = single;
+    return load_safetensors(single).tensors;
+  }
+  *source = index_path;
+  nlohmann::json index;
+  try {
+    index = nlohmann::json::parse(fs::read_file(index_path));
+  } catch (const nlohmann::json::exception& e) {
+    throw bad_input(index_path, std::string("not valid JSON: ") + e.what());
+  }
+  if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
+    throw bad_input(index_path, "has no \"weight_map\" object");
+  std::map<std::string, std::string> file_of;  // tensor -> shard file
+  for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
+    if (!it.value().is_string()) throw bad_input(index_path, "weight_map entry '" + it.key() + "' is not a file name");
+    const std::string file = it.value().get<std::string>();
+    if (file.empty() || file.find('/') != std::string::npos || file == "..")
+      throw bad_input(index_path, "weight_map entry '" + it.key() + "' names '" + file + "', not a file in " + dir);
+    file_of[it.key()] = file;
+  }
+  std::map<std::string, at::Tensor> all;
+  std::map<std::string, SafetensorsContents> shards;  // file -> contents
+  for (const auto& [name, file] : file_of) {
+    if (!shards.count(file)) shards.emplace(file, load_safetensors(dir + "/" + file));
+    auto& tensors = shards.at(file).tensors;
+    auto t = tensors.find(name);
+    if (t == tensors.end())
+      throw bad_input(dir + "/" + file, "does not hold tensor '" + name + "' that " + index_path + " places there");
+    all.emplace(name, t->second);
+  }
+  return all;
+}
+
+}  // namespace
+
+void save_hf_model(const std::string& dir, model::LlamaForCausalLMImpl& model, int64_t max_shard_bytes) {
   const auto& o = model.options();
   nlohmann::ordered_json cfg = {
       {"architectures", {"LlamaForCausalLM"}},
@@ -36,8 +79,31 @@ void save_hf_model(const std::string& dir, model::LlamaForCausalLMImpl& model) {
   };
   std::filesystem::create_directories(dir);
   NamedTensors tensors;
-  for (const auto& item : model.named_parameters()) tensors.emplace_back(item.key(), item.value());
-  save_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+  int64_t total = 0;
+  for (const auto& item : model.named_parameters()) {
+    tensors.emplace_back(item.key(), item.value());
+    total += item.value().numel() * item.value().element_size();
+  }
+  if (max_shard_bytes <= 0 || total <= max_shard_bytes) {
+    save_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+  } else {
+    std::vector<NamedTensors> shards(1);
+    int64_t in_shard = 0;
+    for (auto& nt : tensors) {
+      const int64_t bytes = nt.second.numel() * nt.second.element_size();
+      if (!shards.back().empty() && in_shard + bytes > max_shard_bytes) shards.emplace_back(), in_shard = 0;
+      shards.back().push_back(nt);
+      in_shard += bytes;
+    }
+    nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}}, {"weight_map", nlohmann::ordered_json::object()}};
+    for (size_t i = 0; i < shards.size(); ++i) {
+      char name[64];
+      std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
+      save_safetensors(dir + "/" + name, shards[i], {{"format", "pt"}});
+      for (const auto& nt : shards[i]) index["weight_map"][nt.first] = name;
+    }
+    fs::write_file_atomic(dir + "/model.safetensors.index.json", index.dump(2) + "\n");
+  }
   fs::write_file_atomic(dir + "/config.json", cfg.dump(2) + "\n");
 }
 
@@ -91,10 +157,9 @@ model::LlamaOptions read_hf_config(const std::string& dir, const model::LlamaOpt
 }
 
 void load_hf_weights(const std::string& dir, model::LlamaForCausalLMImpl& model) {
-  const std::string path = dir + "/model.safetensors";
-  if (!fs::exists(path) && fs::exists(dir + "/model.safetensors.index.json"))
-    throw bad_input(path, "sharded checkpoints (model.safetensors.index.json) are not supported yet");
-  auto contents = load_safetensors(path);
+  std::string path;
+  SafetensorsContents contents;
+  contents.tensors = load_all_tensors(dir, &path);
   auto params = model.named_parameters();
   std::set<std::string> expected;
   for (const auto& item : params) {

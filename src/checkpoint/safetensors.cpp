@@ -178,7 +178,7 @@ SafetensorsHeader parse_safetensors_header(const std::string& path, const char* 
 }
 
 SafetensorsContents load_safetensors(const std::string& path) {
-  const std::string bytes = fs::read_file(path);
+  const fs::MappedFile bytes(path);
   const SafetensorsHeader header = parse_safetensors_header(path, bytes.data(), bytes.size());
   SafetensorsContents out;
   out.metadata = header.metadata;

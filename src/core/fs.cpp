@@ -3,6 +3,7 @@
 #include "gradguard/core/fs.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -88,6 +89,34 @@ std::string read_file(const std::string& path) {
   ss << in.rdbuf();
   if (in.bad()) throw bad_input(path, "read failed");
   return ss.str();
+}
+
+MappedFile::MappedFile(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw bad_input(path, "is a directory, not a file");
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw bad_input(path, "cannot open: " + errno_text());
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    std::string why = errno_text();
+    ::close(fd);
+    throw bad_input(path, "cannot stat: " + why);
+  }
+  size_ = static_cast<size_t>(st.st_size);
+  if (size_ > 0) {
+    map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map_ == MAP_FAILED) {
+      map_ = nullptr;
+      std::string why = errno_text();
+      ::close(fd);
+      throw bad_input(path, "cannot map: " + why);
+    }
+  }
+  ::close(fd);
+}
+
+MappedFile::~MappedFile() {
+  if (map_ != nullptr) ::munmap(map_, size_);
 }
 
 bool exists(const std::string& path) {

@@ -5,7 +5,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "golden_util.h"
 #include "gradguard/checkpoint/safetensors.h"
@@ -75,6 +77,38 @@ TEST(HfCheckpoint, MissingAndUnexpectedTensors) {
   partial.emplace_back("model.extra.weight", torch::ones({2}));
   save_safetensors(dir.file("model.safetensors"), partial);
   expect_bad([&] { load_hf_weights(dir.path(), *a); }, "unexpected tensor 'model.extra.weight'");
+}
+
+TEST(HfCheckpoint, ShardedRoundTripWithHfIndex) {
+  test::TempDir dir;
+  torch::manual_seed(3);
+  model::LlamaForCausalLM a(small());
+  save_hf_model(dir.path(), *a, /*max_shard_bytes=*/40000);
+  EXPECT_FALSE(std::filesystem::exists(dir.file("model.safetensors")));
+  auto index = nlohmann::json::parse(test::read_text(dir.file("model.safetensors.index.json")));
+  int64_t total = 0;
+  for (const auto& item : a->named_parameters()) total += item.value().numel() * 4;
+  EXPECT_EQ(index["metadata"]["total_size"], total);
+  std::set<std::string> files;
+  for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) files.insert(it.value());
+  EXPECT_GE(files.size(), 3u);
+  EXPECT_TRUE(files.count("model-00001-of-0000" + std::to_string(files.size()) + ".safetensors"));
+  model::LlamaForCausalLM b(small());
+  load_hf_weights(dir.path(), *b);
+  auto x = torch::randint(0, 256, {1, 4}, torch::kLong);
+  EXPECT_TRUE(torch::equal(a->forward(x), b->forward(x)));
+
+  // An index that points a tensor at the wrong shard, or at a missing file.
+  const std::string first = *files.begin(), last = *files.rbegin();
+  index["weight_map"]["model.norm.weight"] = first == index["weight_map"]["model.norm.weight"] ? last : first;
+  test::write_text(dir.file("model.safetensors.index.json"), index.dump());
+  expect_bad([&] { load_hf_weights(dir.path(), *b); }, "does not hold tensor 'model.norm.weight'");
+  index["weight_map"]["model.norm.weight"] = "model-00099-of-00099.safetensors";
+  test::write_text(dir.file("model.safetensors.index.json"), index.dump());
+  expect_bad([&] { load_hf_weights(dir.path(), *b); }, "model-00099-of-00099.safetensors");
+  index["weight_map"]["model.norm.weight"] = "../escape.safetensors";
+  test::write_text(dir.file("model.safetensors.index.json"), index.dump());
+  expect_bad([&] { load_hf_weights(dir.path(), *b); }, "not a file in");
 }
 
 TEST(HfCheckpoint, BadConfigJson) {

@@ -40,4 +40,21 @@ std::string read_file(const std::string& path);
 
 bool exists(const std::string& path);
 
+// A whole file mapped read-only (an empty file maps to size 0). Pages are read on
+// demand, so loading a multi-gigabyte checkpoint does not first copy it into a buffer.
+class MappedFile {
+ public:
+  // Throws gradguard::Error (bad input) naming the path when it cannot be opened/mapped.
+  explicit MappedFile(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  const char* data() const { return static_cast<const char*>(map_); }
+  size_t size() const { return size_; }
+
+ private:
+  void* map_ = nullptr;
+  size_t size_ = 0;
+};
+
 }  // namespace gradguard::fs
