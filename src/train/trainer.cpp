@@ -72,12 +72,6 @@ std::string default_run_name(const config::Config& c) {
   return "llama-" + std::to_string(c.model.num_layers) + "x" + std::to_string(c.model.hidden_size) + "-" + stamp;
 }
 
-std::string step_dir_name(int64_t step) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "step-%07lld", static_cast<long long>(step));
-  return buf;
-}
-
 // metrics.jsonl cut back to what was true at `step` (lines of later steps were written
 // after the checkpoint a resume continues from).
 void truncate_metrics(const std::string& path, int64_t step) {
