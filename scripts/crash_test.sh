@@ -13,7 +13,7 @@ WORK=$(mktemp -d /tmp/gradguard-crash-XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 [ -x "$BIN" ] && [ -f data/brown/train.bin ] || { echo "crash_test: run scripts/setup.sh first" >&2; exit 1; }
 
-ARGS=(--config configs/tiny.yaml --set run.dir="$WORK" --set schedule.total_steps=60
+ARGS=(--config configs/tiny.yaml --set run.dir="$WORK" --set schedule.total_steps=200
       --set schedule.warmup_steps=5 --set checkpoint.every=1 --set checkpoint.keep_last=3
       --set eval.every=0 --set log.progress=none --set model.hidden_size=64
       --set model.intermediate_size=128 --set batch.micro_batch=8)
@@ -43,10 +43,14 @@ while [ "$kills" -lt "$KILLS" ]; do
   fi
 done
 
-echo "crash_test: final resume to completion"
-"$BIN" train --resume "$WORK/victim" --set log.progress=none >"$WORK/log" 2>&1 || { cat "$WORK/log"; exit 1; }
-ref="$WORK/reference/checkpoints/step-0000060/model.safetensors"
-got="$WORK/victim/checkpoints/step-0000060/model.safetensors"
+echo "crash_test: final run to completion"
+if [ -f "$WORK/victim/checkpoints/latest" ]; then
+  "$BIN" train --resume "$WORK/victim" --set log.progress=none >"$WORK/log" 2>&1 || { cat "$WORK/log"; exit 1; }
+else  # the last kill came before the first checkpoint of a fresh start
+  "$BIN" train "${ARGS[@]}" --name victim --set run.overwrite=true >"$WORK/log" 2>&1 || { cat "$WORK/log"; exit 1; }
+fi
+ref="$WORK/reference/checkpoints/step-0000200/model.safetensors"
+got="$WORK/victim/checkpoints/step-0000200/model.safetensors"
 if cmp -s "$ref" "$got"; then
   echo "crash_test: PASS: $kills kills, $((resumes + 1)) resumes, final weights bit-identical to the uninterrupted run"
 else
