@@ -4,10 +4,12 @@
 // (12 layers: 111 tensors): gradguard's fused pass (one foreach norm, one host copy)
 // + global clip, versus LibTorch's torch::nn::utils::clip_grad_norm_, versus a plain
 // per-parameter loop that reads each norm with .item().
-// Part 2, the whole guard on a training step of the default model (4 x 128, micro-batch
-// 32 x 64 tokens): a bare step (forward/backward, AdamW, the loss read for logging)
-// versus the guarded step of the trainer (fused statistics with per-layer norms, clip,
-// loss scaler, metrics line). The variants alternate (A, B, A, B, ...) after a warm-up
+// Part 2, the whole guard on a training step of the default model (4 x 128, two
+// micro-batches of 16 x 64 tokens): a bare step (forward/backward, AdamW, the loss read
+// for logging) versus the guarded step of the trainer (fused statistics with per-layer
+// norms and per-micro-batch losses, clip, loss scaler, anomaly detector, the noise-scale
+// norm every 10th step, the telemetry sampler running at its default period and drained
+// into the metrics, metrics line). The variants alternate (A, B, A, B, ...) after a warm-up
 // and the medians are compared, so machine noise hits both alike.
 //
 // Run: build/bench/guard_cost [repeats]
@@ -19,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "gradguard/amp/loss_scaler.h"
@@ -26,8 +29,11 @@
 #include "gradguard/core/threads.h"
 #include "gradguard/grad/clip.h"
 #include "gradguard/grad/grad_stats.h"
+#include "gradguard/guard/detector.h"
+#include "gradguard/guard/noise_scale.h"
 #include "gradguard/model/llama.h"
 #include "gradguard/optim/optimizer.h"
+#include "gradguard/telemetry/telemetry.h"
 #include "gradguard/train/metrics.h"
 #include "gradguard/train/step.h"
 
@@ -137,7 +143,11 @@ int main(int argc, char** argv) {
     oo.lr = 1e-4;
     auto opt = optim::make_optimizer(named, oo);
     auto tokens = torch::randint(0, 256, {32, 65}, torch::kLong);
-    data::Batch batch{tokens.narrow(1, 0, 64).contiguous(), tokens.narrow(1, 1, 64).contiguous()};
+    std::vector<data::Batch> micro;
+    for (int64_t h = 0; h < 2; ++h) {
+      auto t = tokens.narrow(0, 16 * h, 16);
+      micro.push_back({t.narrow(1, 0, 64).contiguous(), t.narrow(1, 1, 64).contiguous()});
+    }
     const int64_t step_tokens = 32 * 64;
     grad::GradStatsComputer stats(m.params, m.names);
     grad::Clipper clipper(grad::ClipOptions{}, m.params, m.names);
@@ -145,14 +155,18 @@ int main(int argc, char** argv) {
     // arithmetic itself (it keeps small gradients out of the slow denormal range), which
     // would hide the guard's own cost.
     amp::LossScaler scaler(amp::LossScalerOptions{}, "off");
-    train::MetricsWriter metrics("/dev/null");
+    train::MetricsWriter metrics("/dev/null", 50);
+    guard::AnomalyDetector detector(guard::GuardOptions{}, stats.groups().names, 0);
+    guard::NoiseScaleEstimator noise;
+    telemetry::Sampler sampler(telemetry::TelemetryOptions{});
+    sampler.start();
     double sink = 0;
     auto zero = [&] {
       for (auto& p : m.params) p.mutable_grad() = torch::Tensor();
     };
     auto bare = [&] {
       zero();
-      auto loss = train::accumulate_gradients(*m.net, {batch}, step_tokens, amp::AmpOptions{}, torch::kCPU);
+      auto loss = train::accumulate_gradients(*m.net, micro, step_tokens, amp::AmpOptions{}, torch::kCPU);
       opt->step();
       sink += loss.item<double>();
     };
@@ -160,17 +174,39 @@ int main(int argc, char** argv) {
     auto guarded = [&] {
       zero();
       const double s = scaler.scale();
-      auto loss = train::accumulate_gradients(*m.net, {batch}, step_tokens, amp::AmpOptions{}, torch::kCPU, s);
-      auto st = stats.compute(1.0 / s, {loss}, clipper.device_hook());
+      const bool measure = step % 10 == 0;
+      auto acc = train::accumulate(*m.net, micro, step_tokens, amp::AmpOptions{}, torch::kCPU, s, measure);
+      std::vector<torch::Tensor> extras = {acc.loss};
+      extras.insert(extras.end(), acc.micro_losses.begin(), acc.micro_losses.end());
+      if (measure) extras.push_back(acc.first_sq_norm);
+      auto st = stats.compute(1.0 / s, extras, clipper.device_hook());
       auto c = clipper.apply(st);
       auto u = scaler.update(st.nonfinite);
-      if (!u.skipped) opt->step();
+      guard::StepObservation obs;
+      obs.step = step;
+      obs.loss = st.extras[0];
+      obs.grad_norm = c.grad_norm;
+      obs.clip_threshold = c.threshold;
+      obs.layer_norms = st.layer_norms;
+      auto verdict = detector.observe(obs);
+      const bool apply = !u.skipped && !verdict.critical();
+      if (apply) opt->step();
+      detector.record_outcome(apply);
+      double ns = NAN;
+      if (measure) ns = noise.update(st.extras.back() * 4, 16, c.grad_norm * c.grad_norm, 32);
+      for (const auto& sample : sampler.drain()) {
+        nlohmann::ordered_json j = {{"step", step}, {"event", "telemetry"}};
+        const auto fields = telemetry::to_json(sample);  // items() must not outlive it
+      for (auto& [key, value] : fields.items()) j[key] = value;
+        metrics.write(j);
+      }
       train::StepMetrics sm;
       sm.step = step++;
       sm.loss = st.extras[0];
       sm.grad_norm = c.grad_norm;
       sm.clip_coef = c.clip_coef;
       sm.loss_scale = s;
+      sm.noise_scale = ns;
       for (size_t k = 0; k < st.layer_norms.size(); ++k)
         sm.layer_grad_norms.emplace_back(stats.groups().names[k], st.layer_norms[k]);
       metrics.write_step(sm);
@@ -182,6 +218,9 @@ int main(int argc, char** argv) {
     std::printf("  bare step      %8.2f ms\n", t[0] * 1e3);
     std::printf("  guarded step   %8.2f ms   guarded/bare = %.4f (overhead %+.2f%%)\n", t[1] * 1e3, t[1] / t[0],
                 (t[1] / t[0] - 1) * 100);
+    std::printf("  telemetry sampler: %.1f us per sample (every %lld ms), %lld samples\n",
+                sampler.mean_sample_cost_us(), (long long)sampler.options().period_ms,
+                (long long)sampler.samples_taken());
     if (sink == 42.0) std::printf("\n");
   }
   return 0;

@@ -17,7 +17,8 @@ namespace gradguard::config {
 namespace {
 
 using FieldPtr =
-    std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::array<double, 2>*, std::vector<int64_t>*>;
+    std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::array<double, 2>*, std::vector<int64_t>*,
+                 std::vector<std::string>*>;
 
 struct Field {
   std::string section;
@@ -28,7 +29,8 @@ struct Field {
 };
 
 const std::vector<std::string> kSections = {"run",  "model", "data", "batch",      "optim", "schedule",
-                                            "clip", "amp",   "eval", "checkpoint", "log",   "debug"};
+                                            "clip", "amp",   "eval", "checkpoint", "log",   "guard",
+                                            "telemetry"};
 
 std::vector<Field> fields(Config& c) {
   return {
@@ -102,8 +104,50 @@ std::vector<Field> fields(Config& c) {
       {"checkpoint", "keep_last", &c.checkpoint.keep_last, "periodic checkpoints kept; 0 keeps all"},
       {"log", "every", &c.log.every, "plain progress line every N steps"},
       {"log", "progress", &c.log.progress, "auto | bar | lines | none"},
-      {"debug", "inject_nonfinite_steps", &c.debug.inject_nonfinite_steps,
-       "steps whose gradients get an inf injected (fault injection)"},
+      {"guard", "enabled", &c.guard.enabled, "anomaly detection, snapshots and recovery (non-finite steps are always skipped)"},
+      {"guard", "warmup", &c.guard.warmup, "steps before the loss and per-layer rules arm; -1 = schedule.warmup_steps"},
+      {"guard", "grad_norm_factor", &c.guard.grad_norm_factor,
+       "anomaly: grad norm > factor x clip threshold (x recent mean when nothing clips); 0 disables"},
+      {"guard", "loss_zscore", &c.guard.loss_zscore, "anomaly: loss z-score against the trend of the recent window; 0 disables"},
+      {"guard", "loss_window", &c.guard.loss_window, "healthy steps in the loss and grad-norm windows"},
+      {"guard", "layer_zscore", &c.guard.layer_zscore, "per-layer outlier: log-norm z-score against its EMA; 0 disables"},
+      {"guard", "backoff_limit", &c.guard.backoff_limit, "anomaly: this many loss-scale backoffs within backoff_window; 0 disables"},
+      {"guard", "backoff_window", &c.guard.backoff_window, "steps of the backoff-storm window"},
+      {"guard", "skip_streak", &c.guard.skip_streak, "anomaly: this many skipped steps in a row; 0 disables"},
+      {"guard", "recovery.ladder", &c.guard.recovery.ladder,
+       "escalation: skip | cooldown | reset_moments | rollback | halt, in order"},
+      {"guard", "recovery.skip_budget", &c.guard.recovery.skip_budget, "skips per run"},
+      {"guard", "recovery.cooldown_budget", &c.guard.recovery.cooldown_budget, "LR cool-downs per run"},
+      {"guard", "recovery.reset_budget", &c.guard.recovery.reset_budget, "optimizer-moment resets per run"},
+      {"guard", "recovery.rollback_budget", &c.guard.recovery.rollback_budget,
+       "rollbacks per run (needs checkpoint.every > 0)"},
+      {"guard", "recovery.calm_steps", &c.guard.recovery.calm_steps,
+       "healthy steps after an action before the ladder restarts at its first rung"},
+      {"guard", "recovery.cooldown_factor", &c.guard.recovery.cooldown_factor, "LR multiplier during a cool-down"},
+      {"guard", "recovery.cooldown_steps", &c.guard.recovery.cooldown_steps, "steps a cool-down lasts"},
+      {"guard", "recovery.rollback_skip_steps", &c.guard.recovery.rollback_skip_steps,
+       "extra steps of data skipped after a rollback"},
+      {"guard", "snapshot.enabled", &c.guard.snapshot.enabled, "write snapshots/step-N-<kind>/ on critical anomalies"},
+      {"guard", "snapshot.max_count", &c.guard.snapshot.max_count, "snapshots per run"},
+      {"guard", "snapshot.max_mb", &c.guard.snapshot.max_mb, "disk budget of all snapshots (MiB)"},
+      {"guard", "snapshot.min_interval", &c.guard.snapshot.min_interval, "steps between snapshots (a halt always tries one)"},
+      {"guard", "snapshot.history", &c.guard.snapshot.history, "metrics lines (steps) kept in a snapshot"},
+      {"guard", "noise_scale.every", &c.guard.noise_scale.every,
+       "estimate the gradient noise scale every N steps (needs accum_steps > 1); 0 disables"},
+      {"guard", "noise_scale.ema", &c.guard.noise_scale.ema, "EMA smoothing of the noise-scale estimates"},
+      {"guard", "noise_scale.warn_ratio", &c.guard.noise_scale.warn_ratio,
+       "warn when global_batch > ratio x B_simple; 0 disables"},
+      {"guard", "noise_scale.warn_after", &c.guard.noise_scale.warn_after, "estimates before the warning may fire"},
+      {"guard", "inject.nonfinite_steps", &c.guard.inject.nonfinite_steps,
+       "fault injection: steps whose gradients get an inf"},
+      {"guard", "inject.spike_steps", &c.guard.inject.spike_steps,
+       "fault injection: steps whose batch is replaced by random tokens"},
+      {"guard", "inject.overflow_storm", &c.guard.inject.overflow_storm,
+       "fault injection: [start, length] steps of overflowing gradients; [] = none"},
+      {"telemetry", "enabled", &c.telemetry.enabled, "background sampler of process and GPU state"},
+      {"telemetry", "period_ms", &c.telemetry.period_ms, "sampling period (ms)"},
+      {"telemetry", "window", &c.telemetry.window, "samples kept in memory for snapshots"},
+      {"telemetry", "backend", &c.telemetry.backend, "GPU source: auto | nvml | rocm_smi | none (/proc is always read)"},
   };
 }
 
@@ -117,6 +161,7 @@ std::string type_name(const FieldPtr& p) {
         if constexpr (std::is_same_v<T, bool>) return "boolean";
         if constexpr (std::is_same_v<T, std::string>) return "string";
         if constexpr (std::is_same_v<T, std::vector<int64_t>>) return "list of integers";
+        if constexpr (std::is_same_v<T, std::vector<std::string>>) return "list of strings";
         return "list of 2 numbers";
       },
       p);
@@ -153,6 +198,11 @@ std::string format_value(const FieldPtr& p) {
         if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
           std::string out = "[";
           for (size_t i = 0; i < v->size(); ++i) out += (i ? ", " : "") + std::to_string((*v)[i]);
+          return out + "]";
+        }
+        if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+          std::string out = "[";
+          for (size_t i = 0; i < v->size(); ++i) out += (i ? ", " : "") + quote((*v)[i]);
           return out + "]";
         }
       },
@@ -212,6 +262,13 @@ void assign(const Field& f, const YAML::Node& node, const std::string& where) {
             if (!item.IsScalar() || res.ec != std::errc() || res.ptr != t.data() + t.size())
               throw bad_input(where, "expected a list of integers, got element '" + t + "'");
             v->push_back(parsed);
+          }
+        } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+          if (!node.IsSequence()) throw bad_input(where, "expected a list of strings like [a, b], got " + node_text(node));
+          v->clear();
+          for (const auto& item : node) {
+            if (!item.IsScalar()) throw bad_input(where, "expected a list of strings, got element " + node_text(item));
+            v->push_back(item.Scalar());
           }
         } else {
           if (!node.IsSequence() || node.size() != 2)
@@ -348,7 +405,8 @@ void Config::finalize(int64_t world_size) {
   eval.validate();
   checkpoint.validate();
   log.validate();
-  debug.validate();
+  guard.validate();
+  telemetry.validate();
   if (optim.lr_scaling != "none" && optim.lr_scaling != "linear" && optim.lr_scaling != "sqrt")
     throw bad_input("optim.lr_scaling", "'" + optim.lr_scaling + "' is not valid (valid: none, linear, sqrt)");
   if (optim.base_batch < 0) throw bad_input("optim.base_batch", "must be >= 0, got " + std::to_string(optim.base_batch));

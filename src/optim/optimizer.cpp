@@ -8,6 +8,7 @@
 
 #include <torch/torch.h>
 
+#include "gradguard/core/compat.h"
 #include "gradguard/core/error.h"
 #include "gradguard/optim/lamb.h"
 #include "gradguard/optim/lars.h"
@@ -65,6 +66,32 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const NamedParameters& p
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
   for (auto& group : optimizer.param_groups())
     group.options().set_lr(lr);
+}
+
+ParamMoments moments_of(torch::optim::Optimizer& optimizer, const at::Tensor& param) {
+  ParamMoments out;
+  auto& state = optimizer.state();
+  auto it = state.find(compat::state_key(param));
+  if (it == state.end()) return out;
+  auto* base = it->second.get();
+  if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(base)) {
+    out.exp_avg = a->exp_avg();
+    out.exp_avg_sq = a->exp_avg_sq();
+    out.step = a->step();
+  } else if (auto* l = dynamic_cast<LambParamState*>(base)) {
+    out.exp_avg = l->exp_avg();
+    out.exp_avg_sq = l->exp_avg_sq();
+    out.step = l->step();
+  } else if (auto* r = dynamic_cast<LarsParamState*>(base)) {
+    out.momentum_buffer = r->momentum_buffer();
+  }
+  return out;
+}
+
+bool reset_moments(torch::optim::Optimizer& optimizer, const at::Tensor& param) {
+  // Erasing the entry is what a fresh optimizer looks like: the next step() recreates
+  // zero moments with step 0.
+  return optimizer.state().erase(compat::state_key(param)) > 0;
 }
 
 }  // namespace gradguard::optim

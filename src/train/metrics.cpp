@@ -15,7 +15,7 @@ namespace {
 nlohmann::json number(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
 }  // namespace
 
-MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
+MetricsWriter::MetricsWriter(const std::string& path, size_t keep_recent) : path_(path), keep_recent_(keep_recent) {
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());
   file_ = std::fopen(path.c_str(), "a");
   if (file_ == nullptr) throw runtime_error(path, std::string("cannot open for appending: ") + std::strerror(errno));
@@ -26,7 +26,12 @@ MetricsWriter::~MetricsWriter() {
 }
 
 void MetricsWriter::write(const nlohmann::ordered_json& line) {
-  const std::string text = line.dump() + "\n";
+  std::string text = line.dump();
+  if (keep_recent_ > 0) {
+    recent_.push_back(text);
+    while (recent_.size() > keep_recent_) recent_.pop_front();
+  }
+  text += "\n";
   if (std::fwrite(text.data(), 1, text.size(), file_) != text.size() || std::fflush(file_) != 0)
     throw runtime_error(path_, std::string("write failed: ") + std::strerror(errno));
 }
@@ -44,6 +49,7 @@ void MetricsWriter::write_step(const StepMetrics& m) {
   j["tokens"] = m.tokens;
   j["tokens_per_s"] = number(m.tokens_per_s);
   j["elapsed_s"] = m.elapsed_s;
+  if (std::isfinite(m.noise_scale)) j["noise_scale"] = m.noise_scale;
   if (!m.layer_grad_norms.empty()) {
     nlohmann::ordered_json layers = nlohmann::ordered_json::object();
     for (const auto& [name, norm] : m.layer_grad_norms) layers[name] = number(norm);

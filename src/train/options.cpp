@@ -40,11 +40,6 @@ void CheckpointOptions::validate() const {
   at_least(keep_last, 0, "checkpoint.keep_last");
 }
 
-void DebugOptions::validate() const {
-  for (int64_t s : inject_nonfinite_steps)
-    if (s < 0) throw bad_input("debug.inject_nonfinite_steps", "steps must be >= 0, got " + std::to_string(s));
-}
-
 void LogOptions::validate() const {
   at_least(every, 1, "log.every");
   if (progress != "auto" && progress != "bar" && progress != "lines" && progress != "none")

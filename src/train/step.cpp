@@ -22,17 +22,34 @@ torch::Tensor summed_loss(model::LlamaForCausalLMImpl& model, const data::Batch&
 }
 }  // namespace
 
+Accumulation accumulate(model::LlamaForCausalLMImpl& model, const std::vector<data::Batch>& micro_batches,
+                        int64_t total_tokens, const amp::AmpOptions& amp, const c10::Device& device,
+                        double loss_scale, bool measure_first) {
+  TORCH_INTERNAL_ASSERT(total_tokens > 0);
+  Accumulation out;
+  out.loss = torch::zeros({}, torch::TensorOptions().device(device));
+  for (size_t i = 0; i < micro_batches.size(); ++i) {
+    const auto& b = micro_batches[i];
+    auto summed = summed_loss(model, b, amp, device);
+    auto loss = summed / static_cast<double>(total_tokens);
+    (loss_scale == 1.0 ? loss : loss * loss_scale).backward();
+    out.loss += loss.detach();
+    out.micro_losses.push_back(summed.detach() / static_cast<double>(b.targets.numel()));
+    if (i == 0 && measure_first) {
+      torch::NoGradGuard no_grad;
+      std::vector<torch::Tensor> grads;
+      for (const auto& p : model.parameters())
+        if (p.grad().defined()) grads.push_back(p.grad());
+      out.first_sq_norm = torch::stack(at::_foreach_norm(grads, 2)).to(torch::kFloat).pow(2).sum();
+    }
+  }
+  return out;
+}
+
 at::Tensor accumulate_gradients(model::LlamaForCausalLMImpl& model, const std::vector<data::Batch>& micro_batches,
                                 int64_t total_tokens, const amp::AmpOptions& amp, const c10::Device& device,
                                 double loss_scale) {
-  TORCH_INTERNAL_ASSERT(total_tokens > 0);
-  torch::Tensor total = torch::zeros({}, torch::TensorOptions().device(device));
-  for (const auto& b : micro_batches) {
-    auto loss = summed_loss(model, b, amp, device) / static_cast<double>(total_tokens);
-    (loss_scale == 1.0 ? loss : loss * loss_scale).backward();
-    total += loss.detach();
-  }
-  return total;
+  return accumulate(model, micro_batches, total_tokens, amp, device, loss_scale, false).loss;
 }
 
 double evaluate(model::LlamaForCausalLMImpl& model, const data::TokenDataset& dataset, int64_t micro_batch,

@@ -1,14 +1,17 @@
 // The loop reads top to bottom: per step, set the lr, accumulate gradients over the
-// micro-batches, clip (the one host sync of the step, which also reads the loss), step
-// the optimizer unless the gradients are non-finite, then write metrics, validate and
-// checkpoint on their cadences. Checkpoints are written to a temporary directory and
-// renamed, so a crash never leaves a half-written one behind.
+// micro-batches, measure and clip (the one host sync of the step, which also reads the
+// loss, the per-micro-batch losses and the noise-scale norm), let the scaler and the
+// anomaly detector judge the step, act on the verdict (guard_actions.cpp), step the
+// optimizer unless the step is skipped, then write metrics, validate and checkpoint on
+// their cadences. Checkpoints are written to a temporary directory and renamed, so a
+// crash never leaves a half-written one behind.
 #include "gradguard/train/trainer.h"
 
 #include <chrono>
 #include <ctime>
 #include <filesystem>
 #include <limits>
+#include <random>
 #include <sstream>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -21,39 +24,15 @@
 #include "gradguard/core/allocator.h"
 #include "gradguard/core/error.h"
 #include "gradguard/core/fs.h"
-#include "gradguard/core/threads.h"
-#include "gradguard/data/token_dataset.h"
-#include "gradguard/amp/loss_scaler.h"
-#include "gradguard/grad/clip.h"
-#include "gradguard/grad/grad_stats.h"
 #include "gradguard/optim/optimizer.h"
 #include "gradguard/optim/schedule.h"
-#include "gradguard/train/metrics.h"
 #include "gradguard/train/progress.h"
 #include "gradguard/train/step.h"
+#include "trainer_internal.h"
 
 namespace gradguard::train {
 namespace stdfs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-
-struct Trainer::State {
-  config::Config cfg;
-  std::FILE* out = stdout;
-  torch::Device device = torch::kCPU;
-  std::string run_dir;
-  ThreadReport threads;
-  model::LlamaForCausalLM model{nullptr};
-  std::shared_ptr<data::TokenDataset> train, val;
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
-  std::vector<torch::Tensor> params;
-  std::vector<std::string> names;  // [tensor] HF parameter names, parallel to params
-  std::unique_ptr<amp::LossScaler> scaler;
-  std::unique_ptr<grad::GradStatsComputer> stats;
-  std::unique_ptr<grad::Clipper> clipper;
-  double peak_lr = 0;  // optim.lr after the batch-size scaling rule
-  int64_t start_step = 0;                // first step to run (> 0 after a resume)
-  std::vector<std::string> resume_notes;  // what the resume did, for the progress display
-};
 
 namespace {
 
@@ -155,22 +134,20 @@ Trainer::Trainer(config::Config config, std::FILE* out, const std::string& resum
   s_->stats = std::make_unique<grad::GradStatsComputer>(s_->params, s_->names);
   s_->clipper = std::make_unique<grad::Clipper>(c.clip, s_->params, s_->names);
 
+  const auto& layer_names = s_->stats->groups().names;
+  const int64_t warmup = c.guard.warmup >= 0 ? c.guard.warmup : c.schedule.warmup_steps;
+  s_->detector = std::make_unique<guard::AnomalyDetector>(c.guard, layer_names, warmup);
+  s_->ladder = std::make_unique<guard::RecoveryLadder>(c.guard.recovery);
+  s_->snapshots = std::make_unique<guard::SnapshotBudget>(c.guard.snapshot);
+  s_->noise = std::make_unique<guard::NoiseScaleEstimator>(c.guard.noise_scale.ema);
+  if (c.telemetry.enabled) s_->sampler = std::make_unique<telemetry::Sampler>(c.telemetry);
+
   if (!resume_run_dir.empty()) {
     s_->run_dir = resume_run_dir;
     std::vector<std::string> rejected;
     const std::string dir = checkpoint::find_resumable(resume_run_dir, &rejected);
     for (const auto& r : rejected) s_->resume_notes.push_back("skipped checkpoint: " + r);
-    auto loaded = checkpoint::load_checkpoint(dir, *s_->model, *s_->optimizer);
-    const auto& st = loaded.trainer_state;
-    try {
-      s_->scaler->load_state_dict(st.at("scaler"));
-      s_->clipper->load_state_dict(st.at("clipper"));
-      at::Generator gen = at::detail::getDefaultCPUGenerator();
-      gen.set_state(from_hex(st.at("rng").get<std::string>(), dir));
-    } catch (const nlohmann::json::exception& e) {
-      throw bad_input(dir + "/trainer_state.json", std::string("malformed: ") + e.what());
-    }
-    s_->start_step = loaded.step;
+    s_->start_step = s_->restore(dir, /*with_guard=*/true);
     if (s_->start_step > c.schedule.total_steps)
       throw bad_input("schedule.total_steps", "the checkpoint is at step " + std::to_string(s_->start_step) +
                                                   ", past schedule.total_steps = " +
@@ -189,9 +166,79 @@ Trainer::Trainer(config::Config config, std::FILE* out, const std::string& resum
   if (has_run) {
     stdfs::remove(s_->run_dir + "/metrics.jsonl");
     stdfs::remove_all(s_->run_dir + "/checkpoints");
+    stdfs::remove_all(s_->run_dir + "/snapshots");
   }
   stdfs::create_directories(s_->run_dir);
   fs::write_file_atomic(s_->run_dir + "/config.yaml", config::to_yaml(c));
+}
+
+nlohmann::ordered_json Trainer::State::trainer_state(int64_t steps_done) const {
+  return {{"step", steps_done},
+          {"scaler", scaler->state_dict()},
+          {"clipper", clipper->state_dict()},
+          {"rng", to_hex(at::detail::getDefaultCPUGenerator().get_state())},
+          {"data_offset", data_offset},
+          {"last_scale_growth", last_scale_growth},
+          {"guard",
+           {{"detector", detector->state_dict()},
+            {"recovery", ladder->state_dict()},
+            {"snapshots", snapshots->state_dict()},
+            {"noise_scale", noise->state_dict()}}}};
+}
+
+int64_t Trainer::State::restore(const std::string& dir, bool with_guard) {
+  auto loaded = checkpoint::load_checkpoint(dir, *model, *optimizer);
+  const auto& st = loaded.trainer_state;
+  try {
+    scaler->load_state_dict(st.at("scaler"));
+    clipper->load_state_dict(st.at("clipper"));
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    gen.set_state(from_hex(st.at("rng").get<std::string>(), dir));
+    // Checkpoints written before the guard existed have none of these: start fresh.
+    // The detector's windows describe the weights, so they go back with them on a
+    // rollback too; budgets, snapshots and the data offset only come back on a resume.
+    if (st.contains("guard")) detector->load_state_dict(st.at("guard").at("detector"));
+    if (with_guard) {
+      data_offset = st.value("data_offset", int64_t{0});
+      last_scale_growth = st.value("last_scale_growth", int64_t{-1});
+      if (st.contains("guard")) {
+        const auto& g = st.at("guard");
+        ladder->load_state_dict(g.at("recovery"));
+        snapshots->load_state_dict(g.at("snapshots"));
+        noise->load_state_dict(g.at("noise_scale"));
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw bad_input(dir + "/trainer_state.json", std::string("malformed: ") + e.what());
+  }
+  return loaded.step;
+}
+
+std::vector<data::Batch> Trainer::State::micro_batches(int64_t step, bool inject_spike, at::Tensor* sample_index) const {
+  const auto& b = cfg.batch;
+  const int64_t T = cfg.data.seq_len;
+  std::vector<data::Batch> micro;
+  *sample_index = torch::empty({b.accum_steps, b.micro_batch}, torch::kLong);
+  auto* idx = sample_index->data_ptr<int64_t>();
+  for (int64_t m = 0; m < b.accum_steps; ++m) {
+    // Sample k = ((step + data_offset) * accum + m) * micro + row (DESIGN.md order).
+    const int64_t first = ((step + data_offset) * b.accum_steps + m) * b.micro_batch;
+    for (int64_t r = 0; r < b.micro_batch; ++r) idx[m * b.micro_batch + r] = first + r;
+    micro.push_back(train->batch(first, b.micro_batch));
+  }
+  if (inject_spike) {
+    // A corrupted batch: uniform random tokens, reproducible from (seed, step).
+    std::mt19937_64 rng(cfg.run.seed * 1000003ULL + static_cast<uint64_t>(step));
+    std::uniform_int_distribution<int64_t> token(0, cfg.model.vocab_size - 1);
+    for (auto& mb : micro) {
+      auto window = torch::empty({b.micro_batch, T + 1}, torch::kLong);
+      auto* w = window.data_ptr<int64_t>();
+      for (int64_t i = 0; i < window.numel(); ++i) w[i] = token(rng);
+      mb.inputs = window.narrow(1, 0, T).contiguous();
+      mb.targets = window.narrow(1, 1, T).contiguous();
+    }
+  }
+  return micro;
 }
 
 Trainer::~Trainer() = default;
@@ -205,7 +252,12 @@ TrainResult Trainer::run() {
   optim::ScheduleOptions schedule_options = c.schedule;
   schedule_options.min_lr *= s_->peak_lr / c.optim.lr;
   const optim::LrSchedule schedule(s_->peak_lr, schedule_options);
-  MetricsWriter metrics(s_->run_dir + "/metrics.jsonl");
+  MetricsWriter metrics(s_->run_dir + "/metrics.jsonl", static_cast<size_t>(c.guard.snapshot.history));
+  s_->metrics = &metrics;
+  struct MetricsReset {  // s_->metrics must not outlive `metrics`, exceptions included
+    State* s;
+    ~MetricsReset() { s->metrics = nullptr; }
+  } metrics_reset{s_.get()};
   Progress progress(c.log.progress, c.schedule.total_steps, c.log.every, s_->out);
   const double nan = std::numeric_limits<double>::quiet_NaN();
 
@@ -225,6 +277,10 @@ TrainResult Trainer::run() {
   progress.line(header);
   for (const auto& w : c.warnings) progress.line("warning: " + w);
   for (const auto& n : s_->resume_notes) progress.line(n);
+  if (s_->sampler) {
+    if (!s_->sampler->note().empty()) progress.line("telemetry: " + s_->sampler->note());
+    s_->sampler->start();
+  }
   if (s_->peak_lr != c.optim.lr) {
     char msg[160];
     std::snprintf(msg, sizeof msg, "optim.lr_scaling %s: peak lr %.3e (optim.lr %.3e at base_batch %lld)",
@@ -246,84 +302,193 @@ TrainResult Trainer::run() {
   if (s_->start_step == 0) result.initial_val_loss = validate(0);
   result.resumed_from = s_->start_step > 0 ? s_->start_step : -1;
   auto save = [&](int64_t steps_done) {
-    nlohmann::ordered_json state = {{"step", steps_done},
-                                    {"scaler", s_->scaler->state_dict()},
-                                    {"clipper", s_->clipper->state_dict()},
-                                    {"rng", to_hex(at::detail::getDefaultCPUGenerator().get_state())}};
-    return checkpoint::save_checkpoint(s_->run_dir + "/checkpoints", steps_done, model, *s_->optimizer, state,
-                                       config::to_yaml(c), c.checkpoint.keep_last);
+    return checkpoint::save_checkpoint(s_->run_dir + "/checkpoints", steps_done, model, *s_->optimizer,
+                                       s_->trainer_state(steps_done), config::to_yaml(c), c.checkpoint.keep_last);
+  };
+  auto drain_telemetry = [&](int64_t step) {
+    if (!s_->sampler) return;
+    for (const auto& sample : s_->sampler->drain()) {
+      nlohmann::ordered_json j = {{"step", step}, {"event", "telemetry"}};
+      const auto fields = telemetry::to_json(sample);  // items() must not outlive it
+      for (auto& [key, value] : fields.items()) j[key] = value;
+      metrics.write(j);
+    }
   };
 
   const int64_t tokens_per_step = c.batch.global_batch * c.data.seq_len;
+  const auto& inject = c.guard.inject;
   const auto start = Clock::now();
+  bool noise_warned = false;
   result.steps = s_->start_step;
+  s_->furthest_step = s_->start_step - 1;
   for (int64_t step = s_->start_step; step < c.schedule.total_steps; ++step) {
     const auto step_start = Clock::now();
-    const double lr = schedule.lr_at(step);
+    const double lr = schedule.lr_at(step) * s_->ladder->lr_factor(step);
     optim::set_learning_rate(*s_->optimizer, lr);
     for (auto& p : s_->params) p.mutable_grad() = torch::Tensor();  // set_to_none: fresh buffers
 
-    // Sample k = (step * accum + m) * micro + b (DESIGN.md deterministic order).
-    std::vector<data::Batch> micro;
-    for (int64_t m = 0; m < c.batch.accum_steps; ++m)
-      micro.push_back(s_->train->batch((step * c.batch.accum_steps + m) * c.batch.micro_batch, c.batch.micro_batch));
-    const double loss_scale = s_->scaler->scale();
-    auto loss = accumulate_gradients(model, micro, tokens_per_step, c.amp, s_->device, loss_scale);
-    const auto& inject = c.debug.inject_nonfinite_steps;
-    if (std::find(inject.begin(), inject.end(), step) != inject.end()) {
+    StepRecord rec;
+    rec.step = step;
+    rec.lr = lr;
+    const bool first_visit = step > s_->furthest_step;  // faults are injected once, not again after a rollback
+    s_->furthest_step = std::max(s_->furthest_step, step);
+    const bool inject_spike = first_visit && inject.spike_at(step);
+    const bool inject_nonfinite = first_visit && inject.nonfinite_at(step);
+    rec.micro = s_->micro_batches(step, inject_spike, &rec.sample_index);
+    rec.injected = inject_spike ? "spike_batch" : inject_nonfinite ? "nonfinite_gradients" : "";
+    rec.loss_scale = s_->scaler->scale();
+    const bool measure_noise = c.guard.noise_scale.every > 0 && c.batch.accum_steps > 1 &&
+                               step % c.guard.noise_scale.every == 0;
+    auto acc = accumulate(model, rec.micro, tokens_per_step, c.amp, s_->device, rec.loss_scale, measure_noise);
+    if (inject_nonfinite) {
       torch::NoGradGuard no_grad;
       s_->params[0].grad().view(-1)[0].fill_(std::numeric_limits<float>::infinity());
     }
 
     // The guarded step: one statistics pass (the step's single host sync, which also
-    // reads the loss), host-side clip and scaler decisions, then the update unless the
-    // gradients were non-finite.
-    auto stats = s_->stats->compute(1.0 / loss_scale, {loss}, s_->clipper->device_hook());
-    auto clip = s_->clipper->apply(stats);
-    auto scaler = s_->scaler->update(stats.nonfinite);
+    // reads the losses and the noise-scale norm), then host-side decisions.
+    std::vector<torch::Tensor> extras = {acc.loss};
+    extras.insert(extras.end(), acc.micro_losses.begin(), acc.micro_losses.end());
+    if (measure_noise) extras.push_back(acc.first_sq_norm);
+    const auto stats = s_->stats->compute(1.0 / rec.loss_scale, extras, s_->clipper->device_hook());
+    rec.stats = &stats;
+    rec.clip = s_->clipper->apply(stats);
+    rec.micro_losses.assign(stats.extras.begin() + 1, stats.extras.begin() + 1 + c.batch.accum_steps);
+    const auto scaler = s_->scaler->update(stats.nonfinite);
+    if (scaler.grew) s_->last_scale_growth = step;
     StepMetrics m;
     m.step = step;
     m.loss = stats.extras[0];
     m.lr = lr;
-    m.grad_norm = clip.grad_norm;
-    m.clip_coef = clip.clip_coef;
-    m.clip_threshold = clip.threshold;
-    m.loss_scale = loss_scale;
-    m.skipped = scaler.skipped;
+    m.grad_norm = rec.clip.grad_norm;
+    m.clip_coef = rec.clip.clip_coef;
+    m.clip_threshold = rec.clip.threshold;
+    m.loss_scale = rec.loss_scale;
     for (size_t k = 0; k < stats.layer_norms.size(); ++k)
       m.layer_grad_norms.emplace_back(s_->stats->groups().names[k], stats.layer_norms[k]);
-    if (m.skipped) {
-      ++result.skipped_steps;
-      nlohmann::ordered_json event = {{"step", step}, {"event", "skip"}, {"reason", "nonfinite_gradients"},
-                                      {"loss_scale", loss_scale}, {"next_loss_scale", scaler.next_scale}};
-      metrics.write(event);
-    } else {
-      s_->optimizer->step();
+    if (measure_noise && !stats.nonfinite) {
+      // The first micro-batch's gradient is its mean gradient times its share of the
+      // global tokens (1 / accum) times the loss scale.
+      const double share = static_cast<double>(c.batch.accum_steps) / rec.loss_scale;
+      m.noise_scale = s_->noise->update(stats.extras.back() * share * share, static_cast<double>(c.batch.micro_batch),
+                                        rec.clip.grad_norm * rec.clip.grad_norm,
+                                        static_cast<double>(c.batch.global_batch));
+      const auto& ns = c.guard.noise_scale;
+      if (!noise_warned && ns.warn_ratio > 0 && s_->noise->count() >= ns.warn_after && m.noise_scale > 0 &&
+          c.batch.global_batch > ns.warn_ratio * m.noise_scale) {
+        noise_warned = true;
+        char msg[256];
+        std::snprintf(msg, sizeof msg,
+                      "warning: global batch %lld is %.0fx the gradient noise scale B_simple ~ %.1f sequences: "
+                      "larger batches than this buy little; consider a smaller batch or a higher learning rate",
+                      (long long)c.batch.global_batch, c.batch.global_batch / m.noise_scale, m.noise_scale);
+        progress.line(msg);
+        metrics.write(nlohmann::ordered_json{{"step", step}, {"event", "warning"}, {"kind", "noise_scale"},
+                                             {"noise_scale", m.noise_scale}, {"global_batch", c.batch.global_batch}});
+      }
     }
-    if (scaler.stuck) {
-      nlohmann::ordered_json event = {{"step", step}, {"event", "anomaly"}, {"kind", "loss_scale_stuck"},
-                                      {"loss_scale", loss_scale}, {"min_scale", c.amp.scaler.min_scale}};
-      metrics.write(event);
+
+    bool apply = !scaler.skipped;
+    if (scaler.skipped)
+      metrics.write(nlohmann::ordered_json{{"step", step}, {"event", "skip"}, {"reason", "nonfinite_gradients"},
+                                           {"loss_scale", rec.loss_scale}, {"next_loss_scale", scaler.next_scale}});
+    guard::Verdict verdict;
+    if (c.guard.enabled) {
+      guard::StepObservation obs;
+      obs.step = step;
+      obs.loss = m.loss;
+      obs.grad_norm = rec.clip.grad_norm;
+      // The explosion rule compares the global norm with a global-norm threshold; AGC's
+      // (a ratio) and the per-layer one are not, so those runs use the recent mean.
+      const bool global_threshold = c.clip.strategy == "global" || c.clip.strategy == "history" ||
+                                    c.clip.strategy == "zscore";
+      obs.clip_threshold = global_threshold ? rec.clip.threshold : std::numeric_limits<double>::infinity();
+      obs.layer_norms = stats.layer_norms;
+      obs.scaler_dynamic = s_->scaler->mode() == "dynamic";
+      obs.scaler_backed_off = scaler.backed_off;
+      obs.scaler_stuck = scaler.stuck;
+      verdict = s_->detector->observe(obs);
+    } else if (scaler.stuck) {
       metrics.write_step(m);
       throw Error(ErrorKind::kHalted, "amp.scaler.min_scale",
                   "step " + std::to_string(step) + ": gradients overflow even at the minimum loss scale " +
-                      std::to_string(c.amp.scaler.min_scale) + " (" + std::to_string(c.amp.scaler.min_scale_patience) +
-                      " steps in a row); training cannot make progress. Run directory: " + s_->run_dir);
+                      format_number(c.amp.scaler.min_scale) + "; training cannot make progress. Run directory: " +
+                      s_->run_dir);
     }
+    for (const auto& a : verdict.anomalies) {
+      metrics.write(guard::to_event(step, a));
+      ++result.anomalies;
+    }
+    s_->recent_norms.push_back(rec.clip.grad_norm);
+    s_->recent_seconds.push_back(std::chrono::duration<double>(Clock::now() - step_start).count());
+    while (s_->recent_norms.size() > 50) s_->recent_norms.pop_front(), s_->recent_seconds.pop_front();
+
+    std::string action;
+    if (verdict.critical()) {
+      apply = false;
+      const auto* primary = verdict.primary();
+      const auto decision = s_->ladder->decide(step, primary->kind, fs::exists(s_->run_dir + "/checkpoints/latest"));
+      action = decision.action;
+      std::string why;
+      const std::string snapshot = s_->take_snapshot(rec, verdict, action == "halt", &why);
+      if (!snapshot.empty()) {
+        ++result.snapshots;
+        result.last_snapshot = snapshot;
+      }
+      nlohmann::ordered_json event = {{"step", step}, {"event", "recovery"}, {"action", action},
+                                      {"rung", decision.rung}, {"budget_left", decision.budget_left},
+                                      {"anomaly", primary->kind}};
+      event["snapshot"] = snapshot.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(snapshot);
+      if (!why.empty()) event["snapshot_skipped"] = why;
+      if (!decision.note.empty()) event["note"] = decision.note;
+      if (action == "reset_moments") event["tensors_reset"] = s_->reset_moments(primary->layers);
+      metrics.write(event);
+      ++result.recovery_actions;
+      progress.line("step " + std::to_string(step) + ": anomaly " + primary->kind + " (" + primary->message +
+                    "); action: " + action + (snapshot.empty() ? "" : "; snapshot " + snapshot));
+      if (action == "halt") {
+        m.skipped = true;
+        metrics.write_step(m);
+        throw Error(ErrorKind::kHalted, snapshot.empty() ? s_->run_dir : snapshot,
+                    "step " + std::to_string(step) + ": " + primary->kind + " (" + primary->message +
+                        "); the recovery ladder is spent" + (decision.note.empty() ? "" : " (" + decision.note + ")") +
+                        ". Snapshot: " + (snapshot.empty() ? "none (" + why + ")" : snapshot));
+      }
+    }
+    if (apply) s_->optimizer->step();
+    s_->detector->record_outcome(apply);
+    m.skipped = !apply;
+    if (!apply) ++result.skipped_steps;
     m.tokens = tokens_per_step;
     const double dt = std::chrono::duration<double>(Clock::now() - step_start).count();
     m.tokens_per_s = tokens_per_step / dt;
     m.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
     metrics.write_step(m);
+    drain_telemetry(step);
     progress.step(m);
     if (step == s_->start_step) result.first_loss = m.loss;
     result.final_loss = m.loss;
     result.steps = step + 1;
 
+    if (action == "rollback") {
+      std::string dir;
+      const int64_t to = s_->rollback(step, &dir);
+      metrics.write(nlohmann::ordered_json{{"step", step}, {"event", "rollback"}, {"checkpoint", dir},
+                                           {"to_step", to}, {"data_offset", s_->data_offset}});
+      progress.line("step " + std::to_string(step) + ": rolled back to " + dir + "; skipping " +
+                    std::to_string(step + 1 - to + c.guard.recovery.rollback_skip_steps) + " steps of data");
+      ++result.rollbacks;
+      step = to - 1;  // the loop's ++ continues at `to`
+      continue;
+    }
     const bool last = step + 1 == c.schedule.total_steps;
     if (c.eval.every > 0 && (step + 1) % c.eval.every == 0 && !last) validate(step + 1);
     if (c.checkpoint.every > 0 && (step + 1) % c.checkpoint.every == 0 && !last)
       save(step + 1);
+  }
+  if (s_->sampler) {
+    s_->sampler->stop();
+    drain_telemetry(result.steps);
   }
   result.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
   result.tokens_per_s = (result.steps - s_->start_step) * tokens_per_step / std::max(result.elapsed_s, 1e-9);

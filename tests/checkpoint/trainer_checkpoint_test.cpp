@@ -34,7 +34,7 @@ class Resume : public ::testing::Test {
                                      // Exercise every piece of resumable state.
                                      "amp.scaler.mode=dynamic", "amp.scaler.growth_interval=2",
                                      "clip.strategy=zscore", "clip.zscore_warmup=2", "data.shuffle=true",
-                                     "debug.inject_nonfinite_steps=[3]"};
+                                     "guard.inject.nonfinite_steps=[3]"};
     sets.insert(sets.end(), extra.begin(), extra.end());
     return config::load_config(test::source_path("configs/tiny.yaml"), sets);
   }

@@ -126,12 +126,14 @@ TEST(Config, ReferenceDocIsUpToDate) {
 TEST(Config, NestedSectionsAndLists) {
   test::TempDir dir;
   test::write_text(dir.file("c.yaml"),
-                   "amp:\n  scaler:\n    mode: dynamic\n    hysteresis: 2\ndebug:\n  inject_nonfinite_steps: [3, 5]\n");
+                   "amp:\n  scaler:\n    mode: dynamic\n    hysteresis: 2\nguard:\n  inject:\n    nonfinite_steps: [3, 5]\n"
+                   "  recovery:\n    ladder: [skip, rollback]\n");
   Config c = load_config(dir.file("c.yaml"), {"amp.scaler.init_scale=1024"});
   EXPECT_EQ(c.amp.scaler.mode, "dynamic");
   EXPECT_EQ(c.amp.scaler.hysteresis, 2);
   EXPECT_EQ(c.amp.scaler.init_scale, 1024);
-  EXPECT_EQ(c.debug.inject_nonfinite_steps, (std::vector<int64_t>{3, 5}));
+  EXPECT_EQ(c.guard.inject.nonfinite_steps, (std::vector<int64_t>{3, 5}));
+  EXPECT_EQ(c.guard.recovery.ladder, (std::vector<std::string>{"skip", "rollback"}));
   // The emitted YAML nests the sub-section and reads back identically.
   const std::string yaml = to_yaml(c);
   EXPECT_THAT(yaml, HasSubstr("  scaler:\n    mode: \"dynamic\""));
@@ -139,7 +141,21 @@ TEST(Config, NestedSectionsAndLists) {
   EXPECT_EQ(to_yaml(load_config(dir.file("back.yaml"), {})), yaml);
   EXPECT_THAT(error_of_set("amp.scaler.hysterisis=2"), HasSubstr("did you mean 'amp.scaler.hysteresis'"));
   EXPECT_THAT(error_of_set("amp.scaler.growth_factor=0.5"), HasSubstr("amp.scaler.growth_factor"));
-  EXPECT_THAT(error_of_set("debug.inject_nonfinite_steps=[1,x]"), HasSubstr("expected a list of integers"));
+  EXPECT_THAT(error_of_set("guard.inject.nonfinite_steps=[1,x]"), HasSubstr("expected a list of integers"));
+  EXPECT_THAT(error_of_set("guard.recovery.ladder=skip"), HasSubstr("expected a list of strings"));
+  EXPECT_THAT(error_of_set("guard.recovery.ladder=[skip,explode]"), HasSubstr("'explode' is not an action"));
+  EXPECT_THAT(error_of_set("guard.recovery.ladder=[halt,skip]"), HasSubstr("'halt' must be the last rung"));
+  EXPECT_THAT(error_of_set("guard.recovery.ladder=[skip,skip]"), HasSubstr("listed twice"));
+  EXPECT_THAT(error_of_set("guard.recovery.ladder=[]"), HasSubstr("at least one action"));
+  EXPECT_THAT(error_of_set("guard.inject.overflow_storm=[3]"), HasSubstr("[start, length]"));
+  EXPECT_THAT(error_of_set("guard.recovery.cooldown_factor=0"), HasSubstr("guard.recovery.cooldown_factor"));
+  EXPECT_THAT(error_of_set("guard.snapshot.max_mb=0"), HasSubstr("guard.snapshot.max_mb"));
+  EXPECT_THAT(error_of_set("guard.noise_scale.ema=1"), HasSubstr("guard.noise_scale.ema"));
+  EXPECT_THAT(error_of_set("guard.grad_norm_factor=0.5"), HasSubstr("guard.grad_norm_factor"));
+  EXPECT_THAT(error_of_set("guard.loss_window=1"), HasSubstr("guard.loss_window"));
+  EXPECT_THAT(error_of_set("guard.warmup=-2"), HasSubstr("guard.warmup"));
+  EXPECT_THAT(error_of_set("telemetry.period_ms=1"), HasSubstr("telemetry.period_ms"));
+  EXPECT_THAT(error_of_set("telemetry.backend=cuda"), HasSubstr("telemetry.backend"));
   EXPECT_THAT(error_of_set("optim.lr_scaling=cubic"), HasSubstr("valid: none, linear, sqrt"));
   EXPECT_THAT(error_of_set("optim.name=sgd"), HasSubstr("valid: adamw, lamb, lars"));
 }

@@ -56,6 +56,7 @@ TEST_F(Cli, TrainWritesTheRunDirectory) {
       ++vals;
       continue;
     }
+    if (m.contains("event")) continue;  // telemetry and other events
     for (const char* key : {"step", "loss", "lr", "grad_norm", "clip_coef", "loss_scale", "skipped", "tokens",
                             "tokens_per_s"})
       EXPECT_TRUE(m.contains(key)) << key << " missing in " << m.dump();
@@ -83,7 +84,7 @@ TEST_F(Cli, DynamicScalerSkipsInjectedOverflowsAndBacksOff) {
   // Steps 1 and 2 overflow: both skipped; hysteresis 2 backs off only on the second.
   auto r = run_cli(train_args("--set amp.scaler.mode=dynamic --set amp.scaler.init_scale=1024 "
                               "--set amp.scaler.hysteresis=2 --set amp.scaler.growth_interval=2 "
-                              "--set debug.inject_nonfinite_steps=[1,2] --set clip.strategy=zscore "
+                              "--set guard.inject.nonfinite_steps=[1,2] --set clip.strategy=zscore "
                               "--set clip.zscore_warmup=2"),
                    dir_.path());
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -108,11 +109,20 @@ TEST_F(Cli, DynamicScalerSkipsInjectedOverflowsAndBacksOff) {
 TEST_F(Cli, StuckAtMinimumScaleHaltsWithExitThree) {
   auto r = run_cli(train_args("--set amp.scaler.mode=dynamic --set amp.scaler.init_scale=4 "
                               "--set amp.scaler.min_scale=1 --set amp.scaler.min_scale_patience=2 "
-                              "--set debug.inject_nonfinite_steps=[0,1,2,3,4,5]"),
+                              "--set guard.inject.nonfinite_steps=[0,1,2,3,4,5] "
+                              "--set guard.recovery.ladder=[skip] --set guard.recovery.skip_budget=1"),
                    dir_.path());
   EXPECT_EQ(r.exit_code, 3) << r.output;
   EXPECT_THAT(r.output, HasSubstr("overflow even at the minimum loss scale"));
+  EXPECT_THAT(r.output, HasSubstr("recovery ladder is spent"));
   EXPECT_THAT(test::read_text(dir_.file("runs/tiny/metrics.jsonl")), HasSubstr("loss_scale_stuck"));
+  // Without the guard the stuck scaler halts at once.
+  r = run_cli(train_args("--set amp.scaler.mode=dynamic --set amp.scaler.init_scale=4 "
+                         "--set amp.scaler.min_scale=1 --set amp.scaler.min_scale_patience=2 "
+                         "--set guard.inject.nonfinite_steps=[0,1,2,3,4,5] --set guard.enabled=false --name off"),
+              dir_.path());
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("overflow even at the minimum loss scale"));
 }
 
 TEST_F(Cli, EveryOptimizerAndStrategyTrains) {

@@ -14,5 +14,7 @@ void add_train_command(CLI::App& app, Action& action);
 void add_prepare_command(CLI::App& app, Action& action);
 void add_config_command(CLI::App& app, Action& action);
 void add_export_command(CLI::App& app, Action& action);
+void add_replay_command(CLI::App& app, Action& action);
+void add_bench_command(CLI::App& app, Action& action);
 
 }  // namespace gradguard::cli

@@ -18,6 +18,8 @@ int main(int argc, char** argv) {
   gradguard::cli::add_prepare_command(app, action);
   gradguard::cli::add_config_command(app, action);
   gradguard::cli::add_export_command(app, action);
+  gradguard::cli::add_replay_command(app, action);
+  gradguard::cli::add_bench_command(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -74,6 +74,9 @@ void add_train_command(CLI::App& app, Action& action) {
       std::printf("  train loss  %.4f -> %.4f\n", r.first_loss, r.final_loss);
       if (std::isfinite(r.final_val_loss))
         std::printf("  val loss    %.4f -> %.4f nats/token\n", r.initial_val_loss, r.final_val_loss);
+      std::printf("  guard       %lld anomalies, %lld recovery actions (%lld rollbacks), %lld snapshots%s%s\n",
+                  (long long)r.anomalies, (long long)r.recovery_actions, (long long)r.rollbacks,
+                  (long long)r.snapshots, r.last_snapshot.empty() ? "" : ", newest ", r.last_snapshot.c_str());
       std::printf("  run dir     %s\n  checkpoint  %s\n", r.run_dir.c_str(), r.checkpoint_dir.c_str());
       return 0;
     };

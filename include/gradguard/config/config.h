@@ -10,9 +10,11 @@
 #include "gradguard/amp/precision.h"
 #include "gradguard/data/token_dataset.h"
 #include "gradguard/grad/clip.h"
+#include "gradguard/guard/guard_options.h"
 #include "gradguard/model/llama.h"
 #include "gradguard/optim/optimizer.h"
 #include "gradguard/optim/schedule.h"
+#include "gradguard/telemetry/telemetry.h"
 #include "gradguard/train/options.h"
 
 namespace gradguard::config {
@@ -29,7 +31,8 @@ struct Config {
   train::EvalOptions eval;
   train::CheckpointOptions checkpoint;
   train::LogOptions log;
-  train::DebugOptions debug;
+  guard::GuardOptions guard;
+  telemetry::TelemetryOptions telemetry;
 
   // Advice produced by finalize() that is not an error (e.g. a global batch that is not
   // a power of two). Not part of the YAML.

@@ -41,4 +41,19 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const NamedParameters& p
 // Sets the learning rate of every parameter group.
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
 
+// The live optimizer state of one parameter (not copies). Undefined tensors where the
+// optimizer keeps no such state: AdamW and LAMB have exp_avg / exp_avg_sq, LARS a
+// momentum_buffer; all undefined (step 0) before the parameter's first update.
+struct ParamMoments {
+  at::Tensor exp_avg;          // m, first moment
+  at::Tensor exp_avg_sq;       // v, second moment (un-bias-corrected)
+  at::Tensor momentum_buffer;  // LARS momentum
+  int64_t step = 0;            // updates applied to this parameter
+};
+ParamMoments moments_of(torch::optim::Optimizer& optimizer, const at::Tensor& param);
+
+// Forgets the optimizer state of `param` (moments and step count): its next update
+// starts afresh with bias correction. Returns false when it had no state.
+bool reset_moments(torch::optim::Optimizer& optimizer, const at::Tensor& param);
+
 }  // namespace gradguard::optim

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdio>
+#include <deque>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,13 +26,15 @@ struct StepMetrics {
   int64_t tokens = 0;        // target tokens in this step's global batch
   double tokens_per_s = 0;   // tokens / wall time of this step
   double elapsed_s = 0;      // wall time since training started
+  double noise_scale = std::numeric_limits<double>::quiet_NaN();  // B_simple estimate (sequences); NaN = not measured
   std::vector<std::pair<std::string, double>> layer_grad_norms;  // [layer group] unscaled L2 norm
 };
 
 class MetricsWriter {
  public:
   // Opens `path` for appending. Throws gradguard::Error naming the path on failure.
-  explicit MetricsWriter(const std::string& path);
+  // `keep_recent`: how many of the last lines recent() returns (for snapshots).
+  explicit MetricsWriter(const std::string& path, size_t keep_recent = 0);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
@@ -38,10 +42,13 @@ class MetricsWriter {
   void write_step(const StepMetrics& m);
   void write_validation(int64_t step, double val_loss);
   void write(const nlohmann::ordered_json& line);  // any other event line
+  std::vector<std::string> recent() const { return {recent_.begin(), recent_.end()}; }  // oldest first
 
  private:
   std::string path_;
   std::FILE* file_ = nullptr;
+  size_t keep_recent_ = 0;
+  std::deque<std::string> recent_;  // [last keep_recent_ lines] without the newline
 };
 
 }  // namespace gradguard::train

@@ -41,12 +41,6 @@ struct CheckpointOptions {
   void validate() const;
 };
 
-// Fault injection for tests and for reproducing instabilities on purpose.
-struct DebugOptions {
-  std::vector<int64_t> inject_nonfinite_steps;  // 0-based steps whose gradients get an inf after backward; [] = none
-  void validate() const;
-};
-
 struct LogOptions {
   int64_t every = 10;          // plain progress line every N steps (bar mode redraws every step)
   std::string progress = "auto";  // auto (bar on a terminal, lines otherwise) | bar | lines | none

@@ -24,6 +24,20 @@ at::Tensor accumulate_gradients(model::LlamaForCausalLMImpl& model, const std::v
                                 int64_t total_tokens, const amp::AmpOptions& amp, const c10::Device& device,
                                 double loss_scale = 1.0);
 
+// accumulate_gradients with what the guard reads besides the loss, all left on the
+// device (no host sync): each micro-batch's mean token loss, and -- when
+// `measure_first` -- the squared L2 norm of the gradients right after the first
+// micro-batch's backward (still multiplied by loss_scale and by the first micro-batch's
+// share of the global tokens), which the gradient-noise-scale estimate needs.
+struct Accumulation {
+  at::Tensor loss;                       // 0-dim, global-batch mean token loss (unscaled)
+  std::vector<at::Tensor> micro_losses;  // [micro-batch] 0-dim mean token loss of each
+  at::Tensor first_sq_norm;              // 0-dim float; undefined unless measure_first
+};
+Accumulation accumulate(model::LlamaForCausalLMImpl& model, const std::vector<data::Batch>& micro_batches,
+                        int64_t total_tokens, const amp::AmpOptions& amp, const c10::Device& device,
+                        double loss_scale, bool measure_first);
+
 // Mean target-token loss over up to `batches` micro-batches of `micro_batch` samples taken
 // from the start of `dataset` (never wrapping past its end), without gradients. Syncs once.
 double evaluate(model::LlamaForCausalLMImpl& model, const data::TokenDataset& dataset, int64_t micro_batch,

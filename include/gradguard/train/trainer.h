@@ -18,7 +18,12 @@ struct TrainResult {
   std::string checkpoint_dir;   // the final checkpoint
   int64_t steps = 0;            // optimizer steps completed (including those before a resume)
   int64_t resumed_from = -1;    // step the run resumed from; -1 for a fresh run
-  int64_t skipped_steps = 0;
+  int64_t skipped_steps = 0;    // optimizer updates not applied (overflows and anomalies)
+  int64_t anomalies = 0;        // anomaly events (warnings included)
+  int64_t recovery_actions = 0; // actions the recovery ladder took
+  int64_t rollbacks = 0;
+  int64_t snapshots = 0;        // snapshots written
+  std::string last_snapshot;    // directory of the newest snapshot ("" = none)
   int64_t parameters = 0;
   double first_loss = 0;        // training loss of step 0
   double final_loss = 0;        // training loss of the last step

@@ -1,0 +1,106 @@
+// The anomaly detector: host-side rules over the numbers the fused gradient statistics
+// already brought back (loss, global and per-layer norms, the scaler's decision), so it
+// adds no device work and no host sync to a step.
+//
+// Rules (each a kind of anomaly):
+//   nonfinite         the loss or the gradients hold inf/NaN and no dynamic loss scaler
+//                     is there to absorb it (with one, an overflow is routine: a skip)
+//   loss_scale_stuck  the dynamic scaler keeps overflowing at its floor
+//   grad_norm         grad_norm > grad_norm_factor x the clip threshold (the mean of
+//                     the recent healthy norms when nothing clips)
+//   loss_spike        z = (loss - expected) / max(std, 1% of the mean) exceeds
+//                     loss_zscore, where expected and std come from a linear trend fit
+//                     to the last loss_window healthy losses (the loss falls steadily
+//                     early on; a plain mean would lag and count the fall as spread)
+//   layer_outlier     a layer's log-norm z-score against its own EMA exceeds
+//                     layer_zscore (a warning on its own; it names the layers, first
+//                     to jump first, in every critical verdict)
+//   backoff_storm     backoff_limit loss-scale backoffs within backoff_window steps
+//   skip_streak       skip_streak skipped steps in a row
+// The loss and per-layer rules wait for the warmup (the loss falls fastest there) and
+// for a seeded window. Statistics only absorb healthy steps (and a layer's EMA not its
+// outlying values, until they persist for ten steps and become its new level), so a
+// spike cannot raise the bar for the next one. The scaler rules wait for the first applied step, so the
+// initial scale search of fp16 training is not an anomaly. A rule that fired clears its
+// own counter, so one storm is one anomaly.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "gradguard/guard/guard_options.h"
+
+namespace gradguard::guard {
+
+// What one step looked like, all on the host already.
+struct StepObservation {
+  int64_t step = 0;
+  double loss = 0;                  // global-batch mean loss (may be inf/NaN)
+  double grad_norm = 0;             // unscaled, before clipping (may be inf/NaN)
+  double clip_threshold = 0;        // threshold of the clipping strategy; inf when nothing clips
+  std::vector<double> layer_norms;  // [layer group] unscaled L2 norms
+  bool scaler_dynamic = false;      // a dynamic loss scaler handles overflows
+  bool scaler_backed_off = false;   // the scaler reduced its scale after this step
+  bool scaler_stuck = false;        // the scaler overflowed at its floor too often
+};
+
+struct Anomaly {
+  std::string kind;      // nonfinite | loss_scale_stuck | grad_norm | loss_spike | layer_outlier | backoff_storm | skip_streak
+  std::string severity;  // warning | critical
+  std::string message;   // one line with the numbers that triggered it
+  std::vector<std::pair<std::string, double>> numbers;  // the triggering numbers by name
+  std::vector<std::string> layers;  // layers involved, the first to jump first
+};
+
+struct Verdict {
+  std::vector<Anomaly> anomalies;
+  bool critical() const;                 // some anomaly is critical: recovery must act
+  const Anomaly* primary() const;        // the first critical anomaly (else the first); nullptr when none
+};
+
+// Anomaly as a metrics.jsonl event line: {"step", "event": "anomaly", "kind", "severity", ...numbers, "layers", "message"}.
+nlohmann::ordered_json to_event(int64_t step, const Anomaly& anomaly);
+
+class AnomalyDetector {
+ public:
+  // `layer_names` ([layer group]) label the per-layer norms; `warmup` is the resolved
+  // guard.warmup (steps).
+  AnomalyDetector(const GuardOptions& options, std::vector<std::string> layer_names, int64_t warmup);
+
+  // Judges one step and updates the statistics with it if it was healthy. Pure host
+  // arithmetic.
+  Verdict observe(const StepObservation& obs);
+
+  // Tells the detector whether the step's update was applied (for skip streaks and to
+  // arm the scaler rules). Call after acting on the verdict.
+  void record_outcome(bool applied);
+
+  // Normal level of layer k: exp(EMA of log norm); 0 before any healthy step.
+  double layer_typical(size_t k) const;
+  double loss_mean() const;  // mean of the loss window (NaN when empty)
+  double loss_std() const;   // standard deviation of the loss window (NaN with < 2 entries)
+  const std::vector<std::string>& layer_names() const { return layer_names_; }
+
+  nlohmann::json state_dict() const;
+  void load_state_dict(const nlohmann::json& state);  // throws gradguard::Error (bad input)
+
+ private:
+  GuardOptions options_;
+  std::vector<std::string> layer_names_;
+  int64_t warmup_;
+  std::deque<double> losses_;              // [last loss_window healthy steps]
+  std::deque<double> norms_;               // [last loss_window healthy steps] global norms
+  std::vector<double> layer_mean_, layer_var_;  // [layer group] EMA of log norm and its variance
+  std::vector<int64_t> layer_since_;       // [layer group] step the layer became an outlier; -1 = normal
+  int64_t layer_count_ = 0;                // healthy steps absorbed by the layer EMAs
+  std::deque<int64_t> backoffs_;           // steps of recent scaler backoffs
+  int64_t skip_run_ = 0;                   // skipped steps in a row
+  bool applied_once_ = false;              // some update has been applied
+};
+
+}  // namespace gradguard::guard

@@ -1,0 +1,264 @@
+// Each setup runs as a child `gradguard train` (posix_spawn + wait4), so its peak RSS
+// and CPU time are its own. The analysis reads only metrics.jsonl and config.yaml, so
+// the table can be recomputed from the run directories.
+#include "gradguard/bench/seed.h"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
+
+#include "gradguard/config/config.h"
+#include "gradguard/core/error.h"
+#include "gradguard/core/fs.h"
+
+extern char** environ;
+
+namespace gradguard::bench {
+namespace stdfs = std::filesystem;
+namespace {
+
+const std::vector<std::string> kSetups = {"baseline", "history", "static_warmup", "tuned", "gradguard"};
+const std::vector<std::string> kTinyOverrides = {
+    "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=2", "data.seq_len=16",
+    "batch.global_batch=64", "schedule.total_steps=40", "guard.inject.spike_steps=[10,20,30]", "eval.batches=2"};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+// "a: {b: 1}" -> "a.b=1"; lists stay YAML flow sequences.
+void flatten(const YAML::Node& node, const std::string& prefix, std::vector<std::string>* out) {
+  if (node.IsMap()) {
+    for (const auto& kv : node) flatten(kv.second, prefix.empty() ? kv.first.Scalar() : prefix + "." + kv.first.Scalar(), out);
+    return;
+  }
+  YAML::Emitter e;
+  e << YAML::Flow << node;
+  out->push_back(prefix + "=" + e.c_str());
+}
+
+std::string first_comment(const std::string& path) {
+  std::istringstream in(fs::read_file(path));
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("# ", 0) == 0) return line.substr(2);
+  return "";
+}
+
+std::string tail_of(const std::string& path, size_t lines) {
+  if (!fs::exists(path)) return "";
+  std::istringstream in(fs::read_file(path));
+  std::vector<std::string> all;
+  for (std::string line; std::getline(in, line);) all.push_back(line);
+  std::string out;
+  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i) out += "  " + all[i] + "\n";
+  return out;
+}
+
+struct Child {
+  int exit_code = -1;
+  double wall_s = 0, cpu_s = 0, peak_rss_mb = 0;
+};
+
+Child run_child(const std::vector<std::string>& args, const std::string& log) {
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  pid_t pid = 0;
+  const auto start = std::chrono::steady_clock::now();
+  const int rc = posix_spawn(&pid, args[0].c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) throw runtime_error(args[0], std::string("cannot start: ") + std::strerror(rc));
+  int status = 0;
+  struct rusage usage {};
+  if (wait4(pid, &status, 0, &usage) != pid) throw runtime_error(args[0], "wait4 failed");
+  Child c;
+  c.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  c.cpu_s = usage.ru_utime.tv_sec + usage.ru_utime.tv_usec * 1e-6 + usage.ru_stime.tv_sec + usage.ru_stime.tv_usec * 1e-6;
+  c.peak_rss_mb = static_cast<double>(usage.ru_maxrss) / 1024.0;  // KiB on Linux
+  return c;
+}
+
+std::string fmt(double v, const char* f = "%.3f") {
+  if (!std::isfinite(v)) return "-";
+  char b[32];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+
+}  // namespace
+
+SetupResult analyse_run(const std::string& path, const std::vector<int64_t>& injected, int64_t warmup,
+                        int64_t global_batch) {
+  SetupResult r;
+  r.final_val_loss = std::numeric_limits<double>::quiet_NaN();
+  std::map<int64_t, double> final_loss;  // the trajectory the run ended on (later lines win)
+  double elapsed = 0;
+  std::istringstream in(fs::read_file(path));
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.contains("step")) continue;
+    const int64_t step = j["step"].get<int64_t>();
+    if (j.value("event", "") == "rollback") ++r.rollbacks;
+    if (j.contains("val_loss") && j["val_loss"].is_number()) r.final_val_loss = j["val_loss"];
+    if (j.contains("event") || !j.contains("loss")) continue;
+    ++r.steps;
+    if (j.value("skipped", false)) ++r.skipped;
+    elapsed = j.value("elapsed_s", elapsed);
+    final_loss[step] = j["loss"].is_number() ? j["loss"].get<double>() : std::numeric_limits<double>::quiet_NaN();
+  }
+  if (r.steps == 0) throw bad_input(path, "holds no step lines");
+  r.samples_per_s = elapsed > 0 ? static_cast<double>(r.steps * global_batch) / elapsed : 0;
+
+  std::vector<std::pair<int64_t, double>> curve;  // after warmup, injected steps left out
+  for (const auto& [step, loss] : final_loss)
+    if (step >= warmup && std::find(injected.begin(), injected.end(), step) == injected.end() && std::isfinite(loss))
+      curve.emplace_back(step, loss);
+  double lo = 0, hi = 0;
+  for (size_t i = 0; i < curve.size(); ++i) {
+    std::vector<double> window;
+    for (size_t k = i >= 5 ? i - 5 : 0; k < std::min(curve.size(), i + 6); ++k) window.push_back(curve[k].second);
+    const double resid = curve[i].second - median(window);
+    lo = std::min(lo, resid);
+    hi = std::max(hi, resid);
+    if (i >= 3) {
+      std::vector<double> prev;
+      for (size_t k = i >= 10 ? i - 10 : 0; k < i; ++k) prev.push_back(curve[k].second);
+      if (curve[i].second > 1.05 * median(prev)) ++r.spikes;
+    }
+  }
+  r.fluctuation = hi - lo;
+  double ema = std::numeric_limits<double>::quiet_NaN();
+  for (const auto& [step, loss] : final_loss) {
+    if (std::find(injected.begin(), injected.end(), step) != injected.end() || !std::isfinite(loss)) continue;
+    ema = std::isfinite(ema) ? 0.9 * ema + 0.1 * loss : loss;
+    r.curve.emplace_back(step, ema);
+  }
+  r.final_loss = ema;
+  return r;
+}
+
+SeedReport run_seed_bench(const SeedOptions& o, std::FILE* progress) {
+  if (o.mode != "full" && o.mode != "tiny") throw bad_input("--mode", "'" + o.mode + "' is not valid (valid: full, tiny)");
+  const std::string base = o.presets_dir + "/base.yaml";
+  for (const auto& s : kSetups)
+    if (!fs::exists(o.presets_dir + "/" + s + ".yaml"))
+      throw bad_input(o.presets_dir, "preset " + s + ".yaml is missing (expected base.yaml and one file per setup)");
+  if (!fs::exists(base)) throw bad_input(o.presets_dir, "base.yaml is missing");
+  if (fs::exists(o.out_dir + "/seed.json") && !o.overwrite)
+    throw bad_input(o.out_dir, "already holds bench results; --force overwrites them");
+  stdfs::create_directories(o.out_dir);
+  const std::string exe = o.executable.empty() ? stdfs::read_symlink("/proc/self/exe").string() : o.executable;
+
+  SeedReport report;
+  report.mode = o.mode;
+  report.command = "gradguard bench seed --mode " + o.mode + " --out " + o.out_dir;
+  for (const auto& ov : o.overrides) report.command += " --set " + ov;
+  for (const auto& name : kSetups) {
+    const std::string preset = o.presets_dir + "/" + name + ".yaml";
+    std::vector<std::string> overrides;
+    try {
+      flatten(YAML::LoadFile(preset), "", &overrides);
+    } catch (const YAML::Exception& e) {
+      throw bad_input(preset, std::string("not valid YAML: ") + e.what());
+    }
+    if (o.mode == "tiny") overrides.insert(overrides.end(), kTinyOverrides.begin(), kTinyOverrides.end());
+    overrides.insert(overrides.end(), o.overrides.begin(), o.overrides.end());
+    overrides.insert(overrides.end(), {"run.dir=" + o.out_dir, "run.name=" + name, "run.overwrite=true",
+                                       "log.progress=none"});
+    // Validate here so a bad override fails before any child runs, naming the key.
+    const auto cfg = config::load_config(base, overrides);
+    std::vector<std::string> args = {exe, "train", "--config", base};
+    for (const auto& ov : overrides) args.insert(args.end(), {"--set", ov});
+    if (progress) std::fprintf(progress, "bench seed [%s]: %s ...\n", o.mode.c_str(), name.c_str()), std::fflush(progress);
+    const std::string log = o.out_dir + "/" + name + ".log";
+    const Child child = run_child(args, log);
+    if (child.exit_code != 0 && child.exit_code != 3)
+      throw runtime_error(log, "setup " + name + " failed with exit code " + std::to_string(child.exit_code) + ":\n" +
+                                   tail_of(log, 8));
+    auto r = analyse_run(o.out_dir + "/" + name + "/metrics.jsonl", cfg.guard.inject.spike_steps,
+                         cfg.schedule.warmup_steps, cfg.batch.global_batch);
+    r.name = name;
+    r.title = first_comment(preset);
+    r.exit_code = child.exit_code;
+    r.peak_rss_mb = child.peak_rss_mb;
+    r.wall_s = child.wall_s;
+    const int64_t threads = cfg.run.threads > 0 ? cfg.run.threads : static_cast<int64_t>(sysconf(_SC_NPROCESSORS_ONLN));
+    r.cpu_util = child.cpu_s / (child.wall_s * static_cast<double>(threads));
+    if (progress)
+      std::fprintf(progress, "  %s: %lld steps in %.1f s, final loss %.4f%s\n", name.c_str(), (long long)r.steps,
+                   child.wall_s, r.final_loss, child.exit_code == 3 ? " (halted by its guard)" : "");
+    report.setups.push_back(std::move(r));
+  }
+  report.target_loss = std::numeric_limits<double>::infinity();
+  for (const auto& r : report.setups)
+    if (std::isfinite(r.final_loss)) report.target_loss = std::min(report.target_loss, 1.1 * r.final_loss);
+  for (auto& r : report.setups)
+    for (const auto& [step, smoothed] : r.curve)
+      if (smoothed <= report.target_loss) {
+        r.steps_to_target = step;
+        break;
+      }
+  fs::write_file_atomic(o.out_dir + "/seed.md", report.markdown());
+  fs::write_file_atomic(o.out_dir + "/seed.json", report.to_json().dump(2) + "\n");
+  return report;
+}
+
+std::string SeedReport::markdown() const {
+  std::ostringstream md;
+  md << "| setup | loss fluctuation | samples/s | peak RSS MiB | spikes | skipped | rollbacks | steps to "
+     << fmt(target_loss, "%.3f") << " | final val loss | CPU util |\n|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& r : setups)
+    md << "| " << r.name << (r.exit_code == 3 ? " (halted)" : "") << " | " << fmt(r.fluctuation) << " | "
+       << fmt(r.samples_per_s, "%.1f") << " | " << fmt(r.peak_rss_mb, "%.0f") << " | " << r.spikes << " | "
+       << r.skipped << " | " << r.rollbacks << " | " << (r.steps_to_target >= 0 ? std::to_string(r.steps_to_target) : "-")
+       << " | " << fmt(r.final_val_loss, "%.4f") << " | " << fmt(100 * r.cpu_util, "%.0f%%") << " |\n";
+  md << "\n";
+  for (const auto& r : setups) md << "- **" << r.name << "**: " << r.title << "\n";
+  return md.str();
+}
+
+nlohmann::ordered_json SeedReport::to_json() const {
+  auto num = [](double v) { return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr); };
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  for (const auto& r : setups)
+    list.push_back({{"setup", r.name},
+                    {"title", r.title},
+                    {"exit_code", r.exit_code},
+                    {"steps", r.steps},
+                    {"loss_fluctuation", num(r.fluctuation)},
+                    {"samples_per_s", num(r.samples_per_s)},
+                    {"peak_rss_mb", num(r.peak_rss_mb)},
+                    {"spikes", r.spikes},
+                    {"skipped", r.skipped},
+                    {"rollbacks", r.rollbacks},
+                    {"steps_to_target", r.steps_to_target},
+                    {"final_loss", num(r.final_loss)},
+                    {"final_val_loss", num(r.final_val_loss)},
+                    {"cpu_util", num(r.cpu_util)},
+                    {"wall_s", r.wall_s}});
+  return {{"mode", mode}, {"command", command}, {"target_loss", num(target_loss)}, {"setups", list}};
+}
+
+}  // namespace gradguard::bench
