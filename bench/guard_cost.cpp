@@ -187,6 +187,7 @@ int main(int argc, char** argv) {
       obs.loss = st.extras[0];
       obs.grad_norm = c.grad_norm;
       obs.clip_threshold = c.threshold;
+      obs.update_bounded = true;
       obs.layer_norms = st.layer_norms;
       auto verdict = detector.observe(obs);
       const bool apply = !u.skipped && !verdict.critical();

@@ -108,6 +108,8 @@ std::vector<Field> fields(Config& c) {
       {"guard", "warmup", &c.guard.warmup, "steps before the loss and per-layer rules arm; -1 = schedule.warmup_steps"},
       {"guard", "grad_norm_factor", &c.guard.grad_norm_factor,
        "anomaly: grad norm > factor x clip threshold (x recent mean when nothing clips); 0 disables"},
+      {"guard", "grad_norm_patience", &c.guard.grad_norm_patience,
+       "steps in a row above the limit before an explosion that clipping bounds is critical"},
       {"guard", "loss_zscore", &c.guard.loss_zscore, "anomaly: loss z-score against the trend of the recent window; 0 disables"},
       {"guard", "loss_window", &c.guard.loss_window, "healthy steps in the loss and grad-norm windows"},
       {"guard", "layer_zscore", &c.guard.layer_zscore, "per-layer outlier: log-norm z-score against its EMA; 0 disables"},

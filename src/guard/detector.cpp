@@ -128,12 +128,22 @@ Verdict AnomalyDetector::observe(const StepObservation& obs) {
     const double ref = clips ? obs.clip_threshold
                              : (static_cast<int64_t>(norms_.size()) >= kSeed ? mean_of(norms_)
                                                                              : std::numeric_limits<double>::quiet_NaN());
-    if (std::isfinite(ref) && obs.grad_norm > options_.grad_norm_factor * ref)
-      critical("grad_norm",
-               "gradient norm " + fmt(obs.grad_norm) + " is " + fmt(obs.grad_norm / ref) + "x the " +
-                   (clips ? "clip threshold " : "recent mean ") + fmt(ref) + " (limit " +
-                   fmt(options_.grad_norm_factor) + "x)",
-               {{"grad_norm", obs.grad_norm}, {"reference", ref}, {"ratio", obs.grad_norm / ref}});
+    if (std::isfinite(ref) && obs.grad_norm > options_.grad_norm_factor * ref) {
+      ++explode_run_;
+      const bool is_critical = !obs.update_bounded || explode_run_ >= options_.grad_norm_patience;
+      Anomaly a{"grad_norm", is_critical ? "critical" : "warning",
+                "gradient norm " + fmt(obs.grad_norm) + " is " + fmt(obs.grad_norm / ref) + "x the " +
+                    (clips ? "clip threshold " : "recent mean ") + fmt(ref) + " (limit " +
+                    fmt(options_.grad_norm_factor) + "x" +
+                    (obs.update_bounded ? ", " + std::to_string(explode_run_) + " step(s) in a row, clipped" : "") + ")",
+                {{"grad_norm", obs.grad_norm}, {"reference", ref}, {"ratio", obs.grad_norm / ref},
+                 {"steps_in_a_row", static_cast<double>(explode_run_)}},
+                outlier_names};
+      v.anomalies.push_back(std::move(a));
+      if (is_critical) explode_run_ = 0;
+    } else {
+      explode_run_ = 0;
+    }
   }
 
   const int64_t loss_seed = std::min<int64_t>(kSeed, options_.loss_window);
@@ -184,7 +194,7 @@ Verdict AnomalyDetector::observe(const StepObservation& obs) {
     skip_run_ = -1;  // record_outcome() of this step brings it to 0
   }
 
-  if (!outliers.empty() && !v.critical()) {
+  if (!outliers.empty() && v.anomalies.empty()) {
     std::vector<std::pair<std::string, double>> numbers;
     const size_t k = outliers.front();
     numbers = {{"layer_norm", obs.layer_norms[k]}, {"typical", layer_typical(k)}, {"zscore", layer_z[k]}};
@@ -227,7 +237,8 @@ void AnomalyDetector::record_outcome(bool applied) {
 nlohmann::json AnomalyDetector::state_dict() const {
   return {{"losses", losses_},           {"norms", norms_},           {"layer_mean", layer_mean_},
           {"layer_var", layer_var_},     {"layer_since", layer_since_}, {"layer_count", layer_count_},
-          {"backoffs", backoffs_},       {"skip_run", skip_run_},     {"applied_once", applied_once_}};
+          {"backoffs", backoffs_},       {"skip_run", skip_run_},     {"applied_once", applied_once_},
+          {"explode_run", explode_run_}};
 }
 
 void AnomalyDetector::load_state_dict(const nlohmann::json& s) {
@@ -250,6 +261,7 @@ void AnomalyDetector::load_state_dict(const nlohmann::json& s) {
     backoffs_ = s.at("backoffs").get<std::deque<int64_t>>();
     skip_run_ = s.at("skip_run").get<int64_t>();
     applied_once_ = s.at("applied_once").get<bool>();
+    explode_run_ = s.at("explode_run").get<int64_t>();
   } catch (const nlohmann::json::exception& e) {
     throw bad_input("trainer_state.json: guard.detector", std::string("malformed: ") + e.what());
   }

@@ -85,6 +85,7 @@ void GuardOptions::validate() const {
   at_least(warmup, -1, "guard.warmup");
   if (!(grad_norm_factor == 0 || grad_norm_factor > 1))
     throw bad_input("guard.grad_norm_factor", "must be > 1 (or 0 to disable), got " + format_number(grad_norm_factor));
+  at_least(grad_norm_patience, 1, "guard.grad_norm_patience");
   if (!(loss_zscore >= 0)) throw bad_input("guard.loss_zscore", "must be >= 0, got " + format_number(loss_zscore));
   at_least(loss_window, 3, "guard.loss_window");
   if (!(layer_zscore >= 0)) throw bad_input("guard.layer_zscore", "must be >= 0, got " + format_number(layer_zscore));

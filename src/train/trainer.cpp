@@ -403,6 +403,7 @@ TrainResult Trainer::run() {
       const bool global_threshold = c.clip.strategy == "global" || c.clip.strategy == "history" ||
                                     c.clip.strategy == "zscore";
       obs.clip_threshold = global_threshold ? rec.clip.threshold : std::numeric_limits<double>::infinity();
+      obs.update_bounded = c.clip.strategy != "none";
       obs.layer_norms = stats.layer_norms;
       obs.scaler_dynamic = s_->scaler->mode() == "dynamic";
       obs.scaler_backed_off = scaler.backed_off;

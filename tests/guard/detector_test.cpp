@@ -91,6 +91,21 @@ TEST(Detector, GradNormAboveFactorTimesClipThreshold) {
   EXPECT_DOUBLE_EQ(v.primary()->numbers[1].second, 1.0);
 }
 
+TEST(Detector, ClippedExplosionIsCriticalOnlyWhenItPersists) {
+  GuardOptions opt;  // patience 3
+  AnomalyDetector d(opt, kLayers, 5);
+  std::vector<std::string> severities;
+  for (int64_t s = 0; s < 7; ++s) {
+    auto o = healthy(s);
+    o.update_bounded = true;         // global clipping at 1.0 bounds the update
+    o.grad_norm = s == 4 ? 0.5 : 45;  // step 4 is normal again
+    auto v = d.observe(o);
+    severities.push_back(v.anomalies.empty() ? "none" : v.anomalies[0].severity);
+    d.record_outcome(!v.critical());
+  }
+  EXPECT_THAT(severities, ElementsAre("warning", "warning", "critical", "warning", "none", "warning", "warning"));
+}
+
 TEST(Detector, GradNormWithoutClippingUsesTheRecentMean) {
   AnomalyDetector d(GuardOptions{}, kLayers, 0);
   for (int64_t s = 0; s < 12; ++s) {

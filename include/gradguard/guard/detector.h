@@ -7,7 +7,11 @@
 //                     is there to absorb it (with one, an overflow is routine: a skip)
 //   loss_scale_stuck  the dynamic scaler keeps overflowing at its floor
 //   grad_norm         grad_norm > grad_norm_factor x the clip threshold (the mean of
-//                     the recent healthy norms when nothing clips)
+//                     the recent healthy norms when nothing clips). When clipping bounds
+//                     the update, one such step is a warning -- the clipped update is
+//                     usually the best way out, and skipping it can leave the model where
+//                     it was -- and grad_norm_patience of them in a row are critical;
+//                     without a bound it is critical at once
 //   loss_spike        z = (loss - expected) / max(std, 1% of the mean) exceeds
 //                     loss_zscore, where expected and std come from a linear trend fit
 //                     to the last loss_window healthy losses (the loss falls steadily
@@ -42,7 +46,8 @@ struct StepObservation {
   int64_t step = 0;
   double loss = 0;                  // global-batch mean loss (may be inf/NaN)
   double grad_norm = 0;             // unscaled, before clipping (may be inf/NaN)
-  double clip_threshold = 0;        // threshold of the clipping strategy; inf when nothing clips
+  double clip_threshold = 0;        // global-norm threshold of the clipping strategy; inf when there is none
+  bool update_bounded = false;      // clipping bounds this step's update (global, history, zscore, layerwise, agc)
   std::vector<double> layer_norms;  // [layer group] unscaled L2 norms
   bool scaler_dynamic = false;      // a dynamic loss scaler handles overflows
   bool scaler_backed_off = false;   // the scaler reduced its scale after this step
@@ -100,6 +105,7 @@ class AnomalyDetector {
   int64_t layer_count_ = 0;                // healthy steps absorbed by the layer EMAs
   std::deque<int64_t> backoffs_;           // steps of recent scaler backoffs
   int64_t skip_run_ = 0;                   // skipped steps in a row
+  int64_t explode_run_ = 0;                // steps in a row above the grad-norm limit
   bool applied_once_ = false;              // some update has been applied
 };
 

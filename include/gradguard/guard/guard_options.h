@@ -59,6 +59,7 @@ struct GuardOptions {
   bool enabled = true;            // false: no detection, snapshots or recovery (non-finite steps are still skipped)
   int64_t warmup = -1;            // steps before the loss and per-layer rules arm; -1 = schedule.warmup_steps
   double grad_norm_factor = 10;   // anomaly: grad_norm > factor x clip threshold (x the recent mean without clipping); 0 disables
+  int64_t grad_norm_patience = 3; // steps in a row above the limit before a clipped explosion is critical (1 = at once); >= 1
   double loss_zscore = 6;         // anomaly: loss z-score against the recent trend above this; 0 disables
   int64_t loss_window = 30;       // healthy steps in the loss (and grad-norm) window; >= 3
   double layer_zscore = 6;        // per-layer outlier: z-score of log(layer norm) against its EMA; 0 disables
