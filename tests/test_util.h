@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "gradguard/core/error.h"
 
@@ -34,6 +37,8 @@ std::string source_path(const std::string& relative);
 
 std::string read_text(const std::string& path);
 void write_text(const std::string& path, const std::string& text);
+// Every line of a JSON-lines file (metrics.jsonl), parsed.
+std::vector<nlohmann::json> read_jsonl(const std::string& path);
 
 // Runs `fn`, expects a bad-input gradguard::Error (exit code 2) and returns its message.
 template <typename F>

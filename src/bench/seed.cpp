@@ -35,7 +35,7 @@ namespace {
 const std::vector<std::string> kSetups = {"baseline", "history", "static_warmup", "tuned", "gradguard"};
 const std::vector<std::string> kTinyOverrides = {
     "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=2", "data.seq_len=16",
-    "batch.global_batch=64", "schedule.total_steps=40", "guard.inject.spike_steps=[10,20,30]", "eval.batches=2"};
+    "batch.global_batch=64", "schedule.total_steps=40", "guard.inject.spike_steps=[10,22,34]", "eval.batches=2"};
 
 double median(std::vector<double> v) {
   if (v.empty()) return std::numeric_limits<double>::quiet_NaN();

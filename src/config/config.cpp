@@ -124,7 +124,7 @@ std::vector<Field> fields(Config& c) {
       {"guard", "recovery.rollback_budget", &c.guard.recovery.rollback_budget,
        "rollbacks per run (needs checkpoint.every > 0)"},
       {"guard", "recovery.calm_steps", &c.guard.recovery.calm_steps,
-       "healthy steps after an action before the ladder restarts at its first rung"},
+       "steps after an action within which the same kind of anomaly climbs the ladder"},
       {"guard", "recovery.cooldown_factor", &c.guard.recovery.cooldown_factor, "LR multiplier during a cool-down"},
       {"guard", "recovery.cooldown_steps", &c.guard.recovery.cooldown_steps, "steps a cool-down lasts"},
       {"guard", "recovery.rollback_skip_steps", &c.guard.recovery.rollback_skip_steps,

@@ -33,10 +33,7 @@ class Cli : public ::testing::Test {
            "' --set data.train_path=data/train.bin --set data.val_path=data/val.bin " + extra;
   }
   std::vector<nlohmann::json> metrics(const std::string& run) const {
-    std::vector<nlohmann::json> lines;
-    std::istringstream in(test::read_text(dir_.file("runs/" + run + "/metrics.jsonl")));
-    for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
-    return lines;
+    return test::read_jsonl(dir_.file("runs/" + run + "/metrics.jsonl"));
   }
   test::TempDir dir_;
 };

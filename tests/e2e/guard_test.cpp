@@ -53,10 +53,7 @@ class Guard : public ::testing::Test {
            " --set checkpoint.keep_last=0 --set log.every=10 " + extra;
   }
   std::vector<nlohmann::json> lines(const std::string& run) const {
-    std::vector<nlohmann::json> out;
-    std::istringstream in(test::read_text(dir_.file("runs/" + run + "/metrics.jsonl")));
-    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-    return out;
+    return test::read_jsonl(dir_.file("runs/" + run + "/metrics.jsonl"));
   }
   std::vector<nlohmann::json> events(const std::string& run, const std::string& kind) const {
     std::vector<nlohmann::json> out;

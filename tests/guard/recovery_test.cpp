@@ -13,7 +13,8 @@ namespace gradguard::guard {
 namespace {
 
 TEST(Recovery, EscalatesWithinTheCalmPeriodAndRestartsAfterIt) {
-  RecoveryOptions o;  // skip, cooldown, reset_moments, rollback, halt; calm 50
+  RecoveryOptions o;  // skip, cooldown, reset_moments, rollback, halt
+  o.calm_steps = 50;
   RecoveryLadder l(o);
   EXPECT_EQ(l.decide(100, "loss_spike", true).action, "skip");
   EXPECT_EQ(l.decide(110, "loss_spike", true).action, "cooldown");
@@ -83,10 +84,12 @@ TEST(Recovery, CooldownLowersTheLearningRateForItsSteps) {
 }
 
 TEST(Recovery, StateRoundTrips) {
-  RecoveryLadder a(RecoveryOptions{});
+  RecoveryOptions o;
+  o.calm_steps = 50;
+  RecoveryLadder a(o);
   a.decide(5, "loss_spike", true);
   a.decide(9, "loss_spike", true);
-  RecoveryLadder b(RecoveryOptions{});
+  RecoveryLadder b(o);
   b.load_state_dict(a.state_dict());
   EXPECT_EQ(a.state_dict().dump(), b.state_dict().dump());
   EXPECT_EQ(b.decide(12, "loss_spike", true).action, "reset_moments");  // continues the escalation

@@ -20,7 +20,7 @@ struct RecoveryOptions {
   int64_t cooldown_budget = 5;   // LR cool-downs per run; >= 0
   int64_t reset_budget = 3;      // optimizer-moment resets per run; >= 0
   int64_t rollback_budget = 2;   // rollbacks per run; >= 0 (needs checkpoint.every > 0)
-  int64_t calm_steps = 50;       // healthy steps after an action before the ladder restarts at its first rung; >= 1
+  int64_t calm_steps = 10;       // steps after an action within which the same anomaly again climbs the ladder; >= 1
   double cooldown_factor = 0.1;  // LR multiplier during a cool-down; in (0, 1]
   int64_t cooldown_steps = 20;   // steps a cool-down (and a moment reset) lasts; >= 1
   int64_t rollback_skip_steps = 0;  // extra steps of data skipped after a rollback, beyond the window that led to the anomaly; >= 0

@@ -1,0 +1,237 @@
+// Setting a run up: the model, data, optimizer and guard from a validated Config, the
+// run directory (fresh, or an existing one to resume), and the pieces of trainer state
+// that checkpoints carry (trainer_state.json) and restore. The step loop is in
+// trainer.cpp.
+#include <ctime>
+#include <filesystem>
+#include <random>
+#include <sstream>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <nlohmann/json.hpp>
+
+#include <torch/torch.h>
+
+#include "gradguard/checkpoint/hf_checkpoint.h"
+#include "gradguard/checkpoint/trainer_checkpoint.h"
+#include "gradguard/core/allocator.h"
+#include "gradguard/core/error.h"
+#include "gradguard/core/fs.h"
+#include "gradguard/optim/optimizer.h"
+#include "trainer_internal.h"
+
+namespace gradguard::train {
+namespace stdfs = std::filesystem;
+
+namespace {
+
+torch::Device resolve_device(const std::string& name) {
+  if (name == "cpu") return torch::kCPU;
+  if (name == "auto") return torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+  if (!torch::cuda::is_available())
+    throw bad_input("run.device", "'" + name + "' requested but this LibTorch build sees no CUDA/ROCm device");
+  return torch::Device(name);
+}
+
+std::string default_run_name(const config::Config& c) {
+  std::time_t now = std::time(nullptr);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
+  return "llama-" + std::to_string(c.model.num_layers) + "x" + std::to_string(c.model.hidden_size) + "-" + stamp;
+}
+
+// metrics.jsonl cut back to what was true at `step` (lines of later steps were written
+// after the checkpoint a resume continues from).
+void truncate_metrics(const std::string& path, int64_t step) {
+  if (!fs::exists(path)) return;
+  std::istringstream in(fs::read_file(path));
+  std::string kept;
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.contains("step")) continue;  // a line cut short by a crash
+    const int64_t s = j["step"].get<int64_t>();
+    if (j.contains("val_loss") ? s <= step : s < step) kept += line + "\n";
+  }
+  fs::write_file_atomic(path, kept);
+}
+
+std::string to_hex(const torch::Tensor& bytes) {
+  static const char* digits = "0123456789abcdef";
+  auto b = bytes.contiguous();
+  const auto* p = b.data_ptr<uint8_t>();
+  std::string out;
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    out += digits[p[i] >> 4];
+    out += digits[p[i] & 15];
+  }
+  return out;
+}
+
+torch::Tensor from_hex(const std::string& hex, const std::string& where) {
+  if (hex.size() % 2 != 0) throw bad_input(where, "rng state is not valid hex");
+  auto t = torch::empty({static_cast<int64_t>(hex.size() / 2)}, torch::kUInt8);
+  auto* p = t.data_ptr<uint8_t>();
+  auto nibble = [&](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    throw bad_input(where, "rng state is not valid hex");
+  };
+  for (size_t i = 0; i < hex.size() / 2; ++i) p[i] = static_cast<uint8_t>(nibble(hex[2 * i]) * 16 + nibble(hex[2 * i + 1]));
+  return t;
+}
+
+}  // namespace
+
+Trainer::Trainer(config::Config config, std::FILE* out, const std::string& resume_run_dir)
+    : s_(std::make_unique<State>()) {
+  s_->out = out;
+  auto& c = s_->cfg = std::move(config);
+  c.finalize();
+  s_->device = resolve_device(c.run.device);
+  amp::check_supported(c.amp, s_->device);
+  configure_allocator();
+  s_->threads = configure_threads(c.run.threads);
+  torch::manual_seed(c.run.seed);
+
+  if (!c.model.init_from.empty()) {
+    auto from = c.model.init_from;
+    c.model = checkpoint::read_hf_config(from, c.model);
+    c.model.init_from = from;
+    c.finalize();
+  }
+  auto train_file = std::make_shared<data::TokenFile>(c.data.train_path, c.model.vocab_size);
+  s_->train = std::make_shared<data::TokenDataset>(train_file, c.data.seq_len, c.data.shuffle, c.run.seed);
+  if (!c.data.val_path.empty()) {
+    auto val_file = std::make_shared<data::TokenFile>(c.data.val_path, c.model.vocab_size);
+    s_->val = std::make_shared<data::TokenDataset>(val_file, c.data.seq_len, false, c.run.seed);
+  }
+
+  s_->model = model::LlamaForCausalLM(c.model);
+  if (!c.model.init_from.empty()) checkpoint::load_hf_weights(c.model.init_from, *s_->model);
+  s_->model->to(s_->device);
+  optim::NamedParameters named;
+  for (const auto& item : s_->model->named_parameters()) {
+    named.emplace_back(item.key(), item.value());
+    s_->params.push_back(item.value());
+    s_->names.push_back(item.key());
+  }
+  s_->peak_lr = optim::scaled_lr(c.optim.lr, c.optim.lr_scaling, c.optim.base_batch, c.batch.global_batch);
+  optim::OptimOptions optim_options = c.optim;
+  optim_options.lr = s_->peak_lr;
+  s_->optimizer = optim::make_optimizer(named, optim_options);
+  s_->scaler = std::make_unique<amp::LossScaler>(c.amp.scaler, amp::resolve_scaler_mode(c.amp.scaler, c.amp.dtype));
+  s_->stats = std::make_unique<grad::GradStatsComputer>(s_->params, s_->names);
+  s_->clipper = std::make_unique<grad::Clipper>(c.clip, s_->params, s_->names);
+
+  const auto& layer_names = s_->stats->groups().names;
+  const int64_t warmup = c.guard.warmup >= 0 ? c.guard.warmup : c.schedule.warmup_steps;
+  s_->detector = std::make_unique<guard::AnomalyDetector>(c.guard, layer_names, warmup);
+  s_->ladder = std::make_unique<guard::RecoveryLadder>(c.guard.recovery);
+  s_->snapshots = std::make_unique<guard::SnapshotBudget>(c.guard.snapshot);
+  s_->noise = std::make_unique<guard::NoiseScaleEstimator>(c.guard.noise_scale.ema);
+  if (c.telemetry.enabled) s_->sampler = std::make_unique<telemetry::Sampler>(c.telemetry);
+
+  if (!resume_run_dir.empty()) {
+    s_->run_dir = resume_run_dir;
+    std::vector<std::string> rejected;
+    const std::string dir = checkpoint::find_resumable(resume_run_dir, &rejected);
+    for (const auto& r : rejected) s_->resume_notes.push_back("skipped checkpoint: " + r);
+    s_->start_step = s_->restore(dir, /*with_guard=*/true);
+    if (s_->start_step > c.schedule.total_steps)
+      throw bad_input("schedule.total_steps", "the checkpoint is at step " + std::to_string(s_->start_step) +
+                                                  ", past schedule.total_steps = " +
+                                                  std::to_string(c.schedule.total_steps));
+    s_->resume_notes.push_back("resumed from " + dir + " (step " + std::to_string(s_->start_step) + ")");
+    truncate_metrics(s_->run_dir + "/metrics.jsonl", s_->start_step);
+    fs::write_file_atomic(s_->run_dir + "/config.yaml", config::to_yaml(c));
+    return;
+  }
+  if (c.run.name.empty()) c.run.name = default_run_name(c);
+  s_->run_dir = (stdfs::path(c.run.dir) / c.run.name).string();
+  const bool has_run = fs::exists(s_->run_dir + "/metrics.jsonl") || fs::exists(s_->run_dir + "/config.yaml");
+  if (has_run && !c.run.overwrite)
+    throw bad_input("run.name", "run directory '" + s_->run_dir +
+                                    "' already holds a run; choose another run.name or set run.overwrite=true");
+  if (has_run) {
+    stdfs::remove(s_->run_dir + "/metrics.jsonl");
+    stdfs::remove_all(s_->run_dir + "/checkpoints");
+    stdfs::remove_all(s_->run_dir + "/snapshots");
+  }
+  stdfs::create_directories(s_->run_dir);
+  fs::write_file_atomic(s_->run_dir + "/config.yaml", config::to_yaml(c));
+}
+
+nlohmann::ordered_json Trainer::State::trainer_state(int64_t steps_done) const {
+  return {{"step", steps_done},
+          {"scaler", scaler->state_dict()},
+          {"clipper", clipper->state_dict()},
+          {"rng", to_hex(at::detail::getDefaultCPUGenerator().get_state())},
+          {"data_offset", data_offset},
+          {"last_scale_growth", last_scale_growth},
+          {"guard",
+           {{"detector", detector->state_dict()},
+            {"recovery", ladder->state_dict()},
+            {"snapshots", snapshots->state_dict()},
+            {"noise_scale", noise->state_dict()}}}};
+}
+
+int64_t Trainer::State::restore(const std::string& dir, bool with_guard) {
+  auto loaded = checkpoint::load_checkpoint(dir, *model, *optimizer);
+  const auto& st = loaded.trainer_state;
+  try {
+    scaler->load_state_dict(st.at("scaler"));
+    clipper->load_state_dict(st.at("clipper"));
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    gen.set_state(from_hex(st.at("rng").get<std::string>(), dir));
+    // Checkpoints written before the guard existed have none of these: start fresh.
+    // The detector's windows describe the weights, so they go back with them on a
+    // rollback too; budgets, snapshots and the data offset only come back on a resume.
+    if (st.contains("guard")) detector->load_state_dict(st.at("guard").at("detector"));
+    if (with_guard) {
+      data_offset = st.value("data_offset", int64_t{0});
+      last_scale_growth = st.value("last_scale_growth", int64_t{-1});
+      if (st.contains("guard")) {
+        const auto& g = st.at("guard");
+        ladder->load_state_dict(g.at("recovery"));
+        snapshots->load_state_dict(g.at("snapshots"));
+        noise->load_state_dict(g.at("noise_scale"));
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw bad_input(dir + "/trainer_state.json", std::string("malformed: ") + e.what());
+  }
+  return loaded.step;
+}
+
+std::vector<data::Batch> Trainer::State::micro_batches(int64_t step, bool inject_spike, at::Tensor* sample_index) const {
+  const auto& b = cfg.batch;
+  const int64_t T = cfg.data.seq_len;
+  std::vector<data::Batch> micro;
+  *sample_index = torch::empty({b.accum_steps, b.micro_batch}, torch::kLong);
+  auto* idx = sample_index->data_ptr<int64_t>();
+  for (int64_t m = 0; m < b.accum_steps; ++m) {
+    // Sample k = ((step + data_offset) * accum + m) * micro + row (DESIGN.md order).
+    const int64_t first = ((step + data_offset) * b.accum_steps + m) * b.micro_batch;
+    for (int64_t r = 0; r < b.micro_batch; ++r) idx[m * b.micro_batch + r] = first + r;
+    micro.push_back(train->batch(first, b.micro_batch));
+  }
+  if (inject_spike) {
+    // A corrupted batch: uniform random tokens, reproducible from (seed, step).
+    std::mt19937_64 rng(cfg.run.seed * 1000003ULL + static_cast<uint64_t>(step));
+    std::uniform_int_distribution<int64_t> token(0, cfg.model.vocab_size - 1);
+    for (auto& mb : micro) {
+      auto window = torch::empty({b.micro_batch, T + 1}, torch::kLong);
+      auto* w = window.data_ptr<int64_t>();
+      for (int64_t i = 0; i < window.numel(); ++i) w[i] = token(rng);
+      mb.inputs = window.narrow(1, 0, T).contiguous();
+      mb.targets = window.narrow(1, 1, T).contiguous();
+    }
+  }
+  return micro;
+}
+
+Trainer::~Trainer() = default;
+const config::Config& Trainer::config() const { return s_->cfg; }
+const std::string& Trainer::run_dir() const { return s_->run_dir; }
+
+}  // namespace gradguard::train
