@@ -24,6 +24,7 @@
 
 #include "gradguard/config/config.h"
 #include "gradguard/core/error.h"
+#include "gradguard/core/json_number.h"
 #include "gradguard/core/fs.h"
 
 extern char** environ;
@@ -240,25 +241,24 @@ std::string SeedReport::markdown() const {
 }
 
 nlohmann::ordered_json SeedReport::to_json() const {
-  auto num = [](double v) { return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr); };
   nlohmann::ordered_json list = nlohmann::ordered_json::array();
   for (const auto& r : setups)
     list.push_back({{"setup", r.name},
                     {"title", r.title},
                     {"exit_code", r.exit_code},
                     {"steps", r.steps},
-                    {"loss_fluctuation", num(r.fluctuation)},
-                    {"samples_per_s", num(r.samples_per_s)},
-                    {"peak_rss_mb", num(r.peak_rss_mb)},
+                    {"loss_fluctuation", json_number(r.fluctuation)},
+                    {"samples_per_s", json_number(r.samples_per_s)},
+                    {"peak_rss_mb", json_number(r.peak_rss_mb)},
                     {"spikes", r.spikes},
                     {"skipped", r.skipped},
                     {"rollbacks", r.rollbacks},
                     {"steps_to_target", r.steps_to_target},
-                    {"final_loss", num(r.final_loss)},
-                    {"final_val_loss", num(r.final_val_loss)},
-                    {"cpu_util", num(r.cpu_util)},
+                    {"final_loss", json_number(r.final_loss)},
+                    {"final_val_loss", json_number(r.final_val_loss)},
+                    {"cpu_util", json_number(r.cpu_util)},
                     {"wall_s", r.wall_s}});
-  return {{"mode", mode}, {"command", command}, {"target_loss", num(target_loss)}, {"setups", list}};
+  return {{"mode", mode}, {"command", command}, {"target_loss", json_number(target_loss)}, {"setups", list}};
 }
 
 }  // namespace gradguard::bench

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gradguard/core/error.h"
+#include "gradguard/core/json_number.h"
 
 namespace gradguard::guard {
 namespace {
@@ -41,7 +42,7 @@ const Anomaly* Verdict::primary() const {
 
 nlohmann::ordered_json to_event(int64_t step, const Anomaly& a) {
   nlohmann::ordered_json j = {{"step", step}, {"event", "anomaly"}, {"kind", a.kind}, {"severity", a.severity}};
-  for (const auto& [name, value] : a.numbers) j[name] = std::isfinite(value) ? nlohmann::ordered_json(value) : nullptr;
+  for (const auto& [name, value] : a.numbers) j[name] = json_number(value);
   j["layers"] = a.layers;
   j["message"] = a.message;
   return j;

@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include "gradguard/core/error.h"
+#include "gradguard/core/json_number.h"
 #include "gradguard/optim/optimizer.h"
 
 namespace gradguard::guard {
@@ -29,8 +30,6 @@ double median(std::vector<double> v) {
   std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
   return v[v.size() / 2];
 }
-
-nlohmann::ordered_json num(double v) { return std::isfinite(v) ? nlohmann::ordered_json(v) : nullptr; }
 
 }  // namespace
 
@@ -219,13 +218,13 @@ nlohmann::ordered_json Diagnosis::to_json(const DiagnosisInput& in) const {
   nlohmann::ordered_json layers = nlohmann::ordered_json::array();
   for (const auto& l : in.layers)
     layers.push_back({{"layer", l.layer},
-                      {"grad_norm", num(l.norm)},
-                      {"typical", num(l.typical)},
-                      {"ratio", num(l.typical > 0 ? l.norm / l.typical : NAN)},
-                      {"sqrt_v_hat_rms", num(l.sqrt_v_rms)},
-                      {"tiny_v_fraction", num(l.tiny_v_fraction)},
-                      {"update_rms", num(l.update_rms)},
-                      {"previous_update_rms", num(l.previous_update_rms)}});
+                      {"grad_norm", json_number(l.norm)},
+                      {"typical", json_number(l.typical)},
+                      {"ratio", json_number(l.typical > 0 ? l.norm / l.typical : NAN)},
+                      {"sqrt_v_hat_rms", json_number(l.sqrt_v_rms)},
+                      {"tiny_v_fraction", json_number(l.tiny_v_fraction)},
+                      {"update_rms", json_number(l.update_rms)},
+                      {"previous_update_rms", json_number(l.previous_update_rms)}});
   nlohmann::ordered_json ranked = nlohmann::ordered_json::array();
   for (const auto& c : causes)
     ranked.push_back({{"cause", c.id}, {"title", c.title}, {"score", c.score}, {"evidence", c.evidence},
@@ -235,11 +234,11 @@ nlohmann::ordered_json Diagnosis::to_json(const DiagnosisInput& in) const {
   return {{"step", in.step},
           {"anomalies", anomalies},
           {"injected", in.injected},
-          {"loss", num(in.loss)},
-          {"loss_mean", num(in.loss_mean)},
-          {"loss_std", num(in.loss_std)},
-          {"grad_norm", num(in.grad_norm)},
-          {"clip_threshold", num(in.clip_threshold)},
+          {"loss", json_number(in.loss)},
+          {"loss_mean", json_number(in.loss_mean)},
+          {"loss_std", json_number(in.loss_std)},
+          {"grad_norm", json_number(in.grad_norm)},
+          {"clip_threshold", json_number(in.clip_threshold)},
           {"lr", in.lr},
           {"peak_lr", in.peak_lr},
           {"loss_scale", in.loss_scale},

@@ -15,6 +15,7 @@
 #include "gradguard/checkpoint/safetensors.h"
 #include "gradguard/config/config.h"
 #include "gradguard/core/error.h"
+#include "gradguard/core/json_number.h"
 #include "gradguard/core/fs.h"
 #include "gradguard/train/step.h"
 
@@ -29,8 +30,6 @@ bool close(double a, double b, double rtol) {
   if (!std::isfinite(a) || !std::isfinite(b)) return std::isfinite(a) == std::isfinite(b);
   return std::abs(a - b) <= rtol * std::max({std::abs(a), std::abs(b), 1e-12});
 }
-
-nlohmann::ordered_json num(double v) { return std::isfinite(v) ? nlohmann::ordered_json(v) : nullptr; }
 
 std::string fmt(double v) {
   char b[32];
@@ -181,18 +180,18 @@ ReplayReport replay_snapshot(const std::string& dir, const ReplayOptions& option
 nlohmann::ordered_json ReplayReport::to_json() const {
   nlohmann::ordered_json micro_j = nlohmann::ordered_json::array();
   for (const auto& m : micro)
-    micro_j.push_back({{"micro", m.index}, {"loss", num(m.loss)}, {"recorded_loss", num(m.recorded_loss)},
-                       {"grad_norm", num(m.grad_norm)}, {"loss_zscore", num(m.loss_zscore)}});
+    micro_j.push_back({{"micro", m.index}, {"loss", json_number(m.loss)}, {"recorded_loss", json_number(m.recorded_loss)},
+                       {"grad_norm", json_number(m.grad_norm)}, {"loss_zscore", json_number(m.loss_zscore)}});
   nlohmann::ordered_json samples_j = nlohmann::ordered_json::array();
   for (const auto& s : samples)
-    samples_j.push_back({{"micro", s.micro}, {"row", s.row}, {"sample_index", s.sample_index}, {"loss", num(s.loss)},
-                         {"grad_norm", num(s.grad_norm)}});
+    samples_j.push_back({{"micro", s.micro}, {"row", s.row}, {"sample_index", s.sample_index}, {"loss", json_number(s.loss)},
+                         {"grad_norm", json_number(s.grad_norm)}});
   return {{"snapshot", snapshot},     {"step", step},
           {"kind", kind},             {"verdict", verdict},
           {"reproduced", reproduced}, {"explanation", explanation},
-          {"injected", injected},     {"loss", num(loss)},
-          {"recorded_loss", num(recorded_loss)}, {"grad_norm", num(grad_norm)},
-          {"recorded_grad_norm", num(recorded_grad_norm)}, {"nonfinite", nonfinite},
+          {"injected", injected},     {"loss", json_number(loss)},
+          {"recorded_loss", json_number(recorded_loss)}, {"grad_norm", json_number(grad_norm)},
+          {"recorded_grad_norm", json_number(recorded_grad_norm)}, {"nonfinite", nonfinite},
           {"recorded_nonfinite", recorded_nonfinite}, {"micro_batches", micro_j},
           {"driving_micro", driving_micro}, {"top_samples", samples_j}};
 }
