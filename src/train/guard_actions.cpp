@@ -8,17 +8,13 @@
 
 #include "gradguard/checkpoint/trainer_checkpoint.h"
 #include "gradguard/core/error.h"
+#include "gradguard/core/json_number.h"
 #include "gradguard/core/fs.h"
 #include "gradguard/guard/diagnosis.h"
 #include "gradguard/optim/optimizer.h"
 #include "trainer_internal.h"
 
 namespace gradguard::train {
-namespace {
-
-nlohmann::ordered_json num(double v) { return std::isfinite(v) ? nlohmann::ordered_json(v) : nullptr; }
-
-}  // namespace
 
 std::string Trainer::State::take_snapshot(const StepRecord& rec, const guard::Verdict& verdict, bool force,
                                           std::string* why) {
@@ -26,6 +22,32 @@ std::string Trainer::State::take_snapshot(const StepRecord& rec, const guard::Ve
   const auto* primary = verdict.primary();
   const auto& groups = stats->groups();
   const auto& st = *rec.stats;
+
+  // What the snapshot holds, then the budget check before any further work: the
+  // diagnosis below syncs and reads whole layers, and is only ever written into a
+  // snapshot.
+  guard::SnapshotData d;
+  d.step = rec.step;
+  d.kind = primary ? primary->kind : "anomaly";
+  d.model = model.get();
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto m = optim::moments_of(*optimizer, params[i]);
+    if (m.exp_avg.defined()) d.optimizer_state.emplace_back("exp_avg/" + names[i], m.exp_avg);
+    if (m.exp_avg_sq.defined()) d.optimizer_state.emplace_back("exp_avg_sq/" + names[i], m.exp_avg_sq);
+    if (m.momentum_buffer.defined()) d.optimizer_state.emplace_back("momentum_buffer/" + names[i], m.momentum_buffer);
+    if (m.step > 0) d.optimizer_metadata["step/" + names[i]] = std::to_string(m.step);
+    if (params[i].grad().defined()) d.gradients.emplace_back(names[i], params[i].grad());
+  }
+  std::vector<torch::Tensor> inputs, targets;
+  for (const auto& b : rec.micro) {
+    inputs.push_back(b.inputs);
+    targets.push_back(b.targets);
+  }
+  d.inputs = torch::stack(inputs);
+  d.targets = torch::stack(targets);
+  d.sample_index = rec.sample_index;
+  const int64_t bytes = d.estimated_bytes();
+  if (!snapshots->allow(rec.step, force, bytes, why)) return "";
 
   // The layers to examine: those the anomaly names, else the three furthest above normal.
   std::vector<size_t> layer_ids;
@@ -76,43 +98,20 @@ std::string Trainer::State::take_snapshot(const StepRecord& rec, const guard::Ve
   }
   const auto diagnosis = guard::diagnose(in);
 
-  guard::SnapshotData d;
-  d.step = rec.step;
-  d.kind = primary ? primary->kind : "anomaly";
-  d.model = model.get();
-  for (size_t i = 0; i < params.size(); ++i) {
-    auto m = optim::moments_of(*optimizer, params[i]);
-    if (m.exp_avg.defined()) d.optimizer_state.emplace_back("exp_avg/" + names[i], m.exp_avg);
-    if (m.exp_avg_sq.defined()) d.optimizer_state.emplace_back("exp_avg_sq/" + names[i], m.exp_avg_sq);
-    if (m.momentum_buffer.defined()) d.optimizer_state.emplace_back("momentum_buffer/" + names[i], m.momentum_buffer);
-    if (m.step > 0) d.optimizer_metadata["step/" + names[i]] = std::to_string(m.step);
-    if (params[i].grad().defined()) d.gradients.emplace_back(names[i], params[i].grad());
-  }
-  std::vector<torch::Tensor> inputs, targets;
-  for (const auto& b : rec.micro) {
-    inputs.push_back(b.inputs);
-    targets.push_back(b.targets);
-  }
-  d.inputs = torch::stack(inputs);
-  d.targets = torch::stack(targets);
-  d.sample_index = rec.sample_index;
-  const int64_t bytes = d.estimated_bytes();
-  if (!snapshots->allow(rec.step, force, bytes, why)) return "";
-
   nlohmann::ordered_json layer_norms = nlohmann::ordered_json::object();
-  for (size_t k = 0; k < groups.names.size(); ++k) layer_norms[groups.names[k]] = num(st.layer_norms[k]);
+  for (size_t k = 0; k < groups.names.size(); ++k) layer_norms[groups.names[k]] = json_number(st.layer_norms[k]);
   nlohmann::ordered_json anomalies = nlohmann::ordered_json::array();
   for (const auto& a : verdict.anomalies) anomalies.push_back(guard::to_event(rec.step, a));
   nlohmann::ordered_json state = {{"step", rec.step},
                                   {"kind", d.kind},
                                   {"anomalies", anomalies},
                                   {"injected", rec.injected},
-                                  {"loss", num(in.loss)},
+                                  {"loss", json_number(in.loss)},
                                   {"micro_losses", rec.micro_losses},
-                                  {"grad_norm", num(rec.clip.grad_norm)},
+                                  {"grad_norm", json_number(rec.clip.grad_norm)},
                                   {"nonfinite", st.nonfinite},
-                                  {"clip_coef", num(rec.clip.clip_coef)},
-                                  {"clip_threshold", num(rec.clip.threshold)},
+                                  {"clip_coef", json_number(rec.clip.clip_coef)},
+                                  {"clip_threshold", json_number(rec.clip.threshold)},
                                   {"layer_grad_norms", layer_norms},
                                   {"lr", rec.lr},
                                   {"loss_scale", rec.loss_scale},
