@@ -21,7 +21,6 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "gradguard/amp/loss_scaler.h"
@@ -195,12 +194,7 @@ int main(int argc, char** argv) {
       detector.record_outcome(apply);
       double ns = NAN;
       if (measure) ns = noise.update(st.extras.back() * 4, 16, c.grad_norm * c.grad_norm, 32);
-      for (const auto& sample : sampler.drain()) {
-        nlohmann::ordered_json j = {{"step", step}, {"event", "telemetry"}};
-        const auto fields = telemetry::to_json(sample);  // items() must not outlive it
-      for (auto& [key, value] : fields.items()) j[key] = value;
-        metrics.write(j);
-      }
+      for (const auto& sample : sampler.drain()) metrics.write_telemetry(step, sample);
       train::StepMetrics sm;
       sm.step = step++;
       sm.loss = st.extras[0];

@@ -9,11 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include "gradguard/core/error.h"
+#include "gradguard/core/json_number.h"
 
 namespace gradguard::train {
-namespace {
-nlohmann::json number(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
-}  // namespace
 
 MetricsWriter::MetricsWriter(const std::string& path, size_t keep_recent) : path_(path), keep_recent_(keep_recent) {
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());
@@ -39,29 +37,36 @@ void MetricsWriter::write(const nlohmann::ordered_json& line) {
 void MetricsWriter::write_step(const StepMetrics& m) {
   nlohmann::ordered_json j;
   j["step"] = m.step;
-  j["loss"] = number(m.loss);
+  j["loss"] = json_number(m.loss);
   j["lr"] = m.lr;
-  j["grad_norm"] = number(m.grad_norm);
-  j["clip_coef"] = number(m.clip_coef);
-  j["clip_threshold"] = number(m.clip_threshold);
+  j["grad_norm"] = json_number(m.grad_norm);
+  j["clip_coef"] = json_number(m.clip_coef);
+  j["clip_threshold"] = json_number(m.clip_threshold);
   j["loss_scale"] = m.loss_scale;
   j["skipped"] = m.skipped;
   j["tokens"] = m.tokens;
-  j["tokens_per_s"] = number(m.tokens_per_s);
+  j["tokens_per_s"] = json_number(m.tokens_per_s);
   j["elapsed_s"] = m.elapsed_s;
   if (std::isfinite(m.noise_scale)) j["noise_scale"] = m.noise_scale;
   if (!m.layer_grad_norms.empty()) {
     nlohmann::ordered_json layers = nlohmann::ordered_json::object();
-    for (const auto& [name, norm] : m.layer_grad_norms) layers[name] = number(norm);
+    for (const auto& [name, norm] : m.layer_grad_norms) layers[name] = json_number(norm);
     j["layer_grad_norms"] = layers;
   }
+  write(j);
+}
+
+void MetricsWriter::write_telemetry(int64_t step, const telemetry::Sample& sample) {
+  nlohmann::ordered_json j = {{"step", step}, {"event", "telemetry"}};
+  const auto fields = telemetry::to_json(sample);  // items() must not outlive it
+  for (auto& [key, value] : fields.items()) j[key] = value;
   write(j);
 }
 
 void MetricsWriter::write_validation(int64_t step, double val_loss) {
   nlohmann::ordered_json j;
   j["step"] = step;
-  j["val_loss"] = number(val_loss);
+  j["val_loss"] = json_number(val_loss);
   write(j);
 }
 

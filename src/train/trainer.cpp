@@ -88,12 +88,7 @@ TrainResult Trainer::run() {
   };
   auto drain_telemetry = [&](int64_t step) {
     if (!s_->sampler) return;
-    for (const auto& sample : s_->sampler->drain()) {
-      nlohmann::ordered_json j = {{"step", step}, {"event", "telemetry"}};
-      const auto fields = telemetry::to_json(sample);  // items() must not outlive it
-      for (auto& [key, value] : fields.items()) j[key] = value;
-      metrics.write(j);
-    }
+    for (const auto& sample : s_->sampler->drain()) metrics.write_telemetry(step, sample);
   };
 
   const int64_t tokens_per_step = c.batch.global_batch * c.data.seq_len;

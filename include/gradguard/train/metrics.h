@@ -11,6 +11,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "gradguard/telemetry/telemetry.h"
+
 namespace gradguard::train {
 
 // The fields DESIGN.md promises for every optimizer step.
@@ -41,6 +43,8 @@ class MetricsWriter {
 
   void write_step(const StepMetrics& m);
   void write_validation(int64_t step, double val_loss);
+  // {"step": step, "event": "telemetry", ...the sample's fields} (telemetry::to_json).
+  void write_telemetry(int64_t step, const telemetry::Sample& sample);
   void write(const nlohmann::ordered_json& line);  // any other event line
   std::vector<std::string> recent() const { return {recent_.begin(), recent_.end()}; }  // oldest first
 
