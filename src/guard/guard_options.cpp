@@ -70,8 +70,6 @@ bool InjectOptions::spike_at(int64_t step) const {
   return std::find(spike_steps.begin(), spike_steps.end(), step) != spike_steps.end();
 }
 
-bool InjectOptions::any_at(int64_t step) const { return nonfinite_at(step) || spike_at(step); }
-
 void InjectOptions::validate() const {
   non_negative_steps(nonfinite_steps, "guard.inject.nonfinite_steps");
   non_negative_steps(spike_steps, "guard.inject.spike_steps");

@@ -49,7 +49,6 @@ struct InjectOptions {
   std::vector<int64_t> nonfinite_steps;  // steps whose gradients get an inf after backward
   std::vector<int64_t> spike_steps;      // steps whose batch is replaced by uniform random tokens (a loss spike)
   std::vector<int64_t> overflow_storm;   // [start, length]: gradients overflow on `length` steps from `start`; [] = none
-  bool any_at(int64_t step) const;
   bool nonfinite_at(int64_t step) const;  // nonfinite_steps or inside the overflow storm
   bool spike_at(int64_t step) const;
   void validate() const;
