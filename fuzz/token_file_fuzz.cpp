@@ -6,8 +6,6 @@
 // is read through data(), so a count that lets reads run past the mapping crashes, and a
 // token >= 256 surviving validation aborts; other exceptions, crashes and ASan/UBSan
 // reports are bugs. The target needs no LibTorch.
-#include <unistd.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -18,42 +16,20 @@
 #include "gradguard/core/error.h"
 #include "gradguard/data/token_file.h"
 
+#include "scratch_file.h"
+
 namespace {
 
 constexpr int64_t kVocab = 256;
 
-// Path of this process's scratch file; created on first use, removed at exit.
-const std::string& scratch_path() {
-  static const std::string path = [] {
-    const char* dir = std::getenv("TMPDIR");
-    std::string p = std::string(dir && *dir ? dir : "/tmp") + "/gradguard_token_fuzz_XXXXXX.bin";
-    const int fd = ::mkstemps(p.data(), 4);
-    if (fd < 0) {
-      std::perror("mkstemps");
-      std::abort();
-    }
-    ::close(fd);
-    static std::string to_remove = p;
-    std::atexit([] { ::unlink(to_remove.c_str()); });
-    return p;
-  }();
-  return path;
-}
-
-void write_scratch(const uint8_t* data, size_t size) {
-  std::FILE* f = std::fopen(scratch_path().c_str(), "wb");
-  if (f == nullptr || (size > 0 && std::fwrite(data, 1, size, f) != size) || std::fclose(f) != 0) {
-    std::perror("writing the fuzz input");
-    std::abort();
-  }
-}
+const std::string& scratch() { return gradguard::fuzz::scratch_path("gradguard_token_fuzz_", ".bin"); }
 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  write_scratch(data, size);
+  gradguard::fuzz::write_scratch(scratch(), data, size);
   try {
-    gradguard::data::TokenFile file(scratch_path(), kVocab);
+    gradguard::data::TokenFile file(scratch(), kVocab);
     const int64_t expected_bytes = gradguard::data::kTokenFileHeaderBytes + 2 * file.size();
     if (file.size() < 0 || static_cast<uint64_t>(expected_bytes) != size) std::abort();
     uint64_t sum = 0;
