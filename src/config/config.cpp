@@ -30,7 +30,7 @@ struct Field {
 
 const std::vector<std::string> kSections = {"run",  "model", "data", "batch",      "optim", "schedule",
                                             "clip", "amp",   "eval", "checkpoint", "log",   "guard",
-                                            "telemetry"};
+                                            "telemetry", "dist"};
 
 std::vector<Field> fields(Config& c) {
   return {
@@ -146,10 +146,20 @@ std::vector<Field> fields(Config& c) {
        "fault injection: steps whose batch is replaced by random tokens"},
       {"guard", "inject.overflow_storm", &c.guard.inject.overflow_storm,
        "fault injection: [start, length] steps of overflowing gradients; [] = none"},
+      {"guard", "inject.rank", &c.guard.inject.rank,
+       "fault injection: the rank whose gradients or batch are corrupted; -1 = every rank"},
       {"telemetry", "enabled", &c.telemetry.enabled, "background sampler of process and GPU state"},
       {"telemetry", "period_ms", &c.telemetry.period_ms, "sampling period (ms)"},
       {"telemetry", "window", &c.telemetry.window, "samples kept in memory for snapshots"},
       {"telemetry", "backend", &c.telemetry.backend, "GPU source: auto | nvml | rocm_smi | none (/proc is always read)"},
+      {"dist", "backend", &c.dist.backend, "auto (nccl on GPUs, gloo on CPU) | gloo | nccl"},
+      {"dist", "timeout_s", &c.dist.timeout_s, "a collective or rendezvous waiting longer fails the run (s)"},
+      {"dist", "bucket_mb", &c.dist.bucket_mb, "flat gradient buckets all-reduced during the last backward (MiB)"},
+      {"dist", "hook", &c.dist.hook, "gradient compression: none | fp16 | bf16 | powersgd"},
+      {"dist", "powersgd_rank", &c.dist.powersgd_rank, "PowerSGD: rank of the low-rank approximation"},
+      {"dist", "powersgd_start_step", &c.dist.powersgd_start_step, "PowerSGD: plain all-reduce before this step"},
+      {"dist", "check_every", &c.dist.check_every, "compare a weight checksum across ranks every N steps; 0 disables"},
+      {"dist", "heartbeat_s", &c.dist.heartbeat_s, "how often each rank tells the rendezvous store it is alive (s)"},
   };
 }
 
@@ -409,6 +419,7 @@ void Config::finalize(int64_t world_size) {
   log.validate();
   guard.validate();
   telemetry.validate();
+  dist.validate();
   if (optim.lr_scaling != "none" && optim.lr_scaling != "linear" && optim.lr_scaling != "sqrt")
     throw bad_input("optim.lr_scaling", "'" + optim.lr_scaling + "' is not valid (valid: none, linear, sqrt)");
   if (optim.base_batch < 0) throw bad_input("optim.base_batch", "must be >= 0, got " + std::to_string(optim.base_batch));

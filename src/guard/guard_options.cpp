@@ -71,6 +71,7 @@ bool InjectOptions::spike_at(int64_t step) const {
 }
 
 void InjectOptions::validate() const {
+  if (rank < -1) throw bad_input("guard.inject.rank", "must be -1 (every rank) or a rank >= 0, got " + std::to_string(rank));
   non_negative_steps(nonfinite_steps, "guard.inject.nonfinite_steps");
   non_negative_steps(spike_steps, "guard.inject.spike_steps");
   if (!overflow_storm.empty() &&

@@ -147,8 +147,12 @@ int64_t Trainer::State::reset_moments(const std::vector<std::string>& layers) {
 
 int64_t Trainer::State::rollback(int64_t step, std::string* checkpoint_dir) {
   std::vector<std::string> rejected;
-  *checkpoint_dir = checkpoint::find_resumable(run_dir, &rejected);
+  // Rank 0 picks the checkpoint; every rank loads it (the run directory must be visible
+  // to all ranks, as on a shared filesystem) and the replicas are verified equal.
+  if (main_rank()) *checkpoint_dir = checkpoint::find_resumable(run_dir, &rejected);
+  if (comm) *checkpoint_dir = comm->broadcast_string(*checkpoint_dir, "rollback checkpoint choice");
   const int64_t to = restore(*checkpoint_dir, /*with_guard=*/false);
+  if (comm) dist::verify_parameters(*comm, params, names, to);
   TORCH_INTERNAL_ASSERT(to <= step + 1);
   // The window that led to the anomaly is steps [to, step]; skip its data (and any extra
   // steps asked for) so the continuation reads fresh batches.

@@ -14,6 +14,7 @@
 namespace gradguard::train {
 
 MetricsWriter::MetricsWriter(const std::string& path, size_t keep_recent) : path_(path), keep_recent_(keep_recent) {
+  if (path.empty()) return;  // discard: ranks other than 0 of a distributed run
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());
   file_ = std::fopen(path.c_str(), "a");
   if (file_ == nullptr) throw runtime_error(path, std::string("cannot open for appending: ") + std::strerror(errno));
@@ -29,6 +30,7 @@ void MetricsWriter::write(const nlohmann::ordered_json& line) {
     recent_.push_back(text);
     while (recent_.size() > keep_recent_) recent_.pop_front();
   }
+  if (file_ == nullptr) return;
   text += "\n";
   if (std::fwrite(text.data(), 1, text.size(), file_) != text.size() || std::fflush(file_) != 0)
     throw runtime_error(path_, std::string("write failed: ") + std::strerror(errno));

@@ -24,7 +24,8 @@ torch::Tensor summed_loss(model::LlamaForCausalLMImpl& model, const data::Batch&
 
 Accumulation accumulate(model::LlamaForCausalLMImpl& model, const std::vector<data::Batch>& micro_batches,
                         int64_t total_tokens, const amp::AmpOptions& amp, const c10::Device& device,
-                        double loss_scale, bool measure_first) {
+                        double loss_scale, bool measure_first,
+                        const std::function<void(const Accumulation&)>& before_last_backward) {
   TORCH_INTERNAL_ASSERT(total_tokens > 0);
   Accumulation out;
   out.loss = torch::zeros({}, torch::TensorOptions().device(device));
@@ -32,9 +33,10 @@ Accumulation accumulate(model::LlamaForCausalLMImpl& model, const std::vector<da
     const auto& b = micro_batches[i];
     auto summed = summed_loss(model, b, amp, device);
     auto loss = summed / static_cast<double>(total_tokens);
-    (loss_scale == 1.0 ? loss : loss * loss_scale).backward();
     out.loss += loss.detach();
     out.micro_losses.push_back(summed.detach() / static_cast<double>(b.targets.numel()));
+    if (before_last_backward && i + 1 == micro_batches.size()) before_last_backward(out);
+    (loss_scale == 1.0 ? loss : loss * loss_scale).backward();
     if (i == 0 && measure_first) {
       torch::NoGradGuard no_grad;
       std::vector<torch::Tensor> grads;

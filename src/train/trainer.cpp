@@ -27,23 +27,38 @@ namespace gradguard::train {
 using Clock = std::chrono::steady_clock;
 
 TrainResult Trainer::run() {
+  try {
+    return run_steps();
+  } catch (const std::exception& e) {
+    // The other ranks quote this when their next collective fails.
+    if (s_->comm) s_->comm->report_failure(e.what());
+    throw;
+  }
+}
+
+TrainResult Trainer::run_steps() {
   const auto& c = s_->cfg;
+  const bool main_rank = s_->main_rank();
   auto& model = *s_->model;
   // min_lr scales with lr so the floor keeps its ratio to the peak.
   optim::ScheduleOptions schedule_options = c.schedule;
   schedule_options.min_lr *= s_->peak_lr / c.optim.lr;
   const optim::LrSchedule schedule(s_->peak_lr, schedule_options);
-  MetricsWriter metrics(s_->run_dir + "/metrics.jsonl", static_cast<size_t>(c.guard.snapshot.history));
+  // Only rank 0 writes the run directory; the others keep recent lines in memory only.
+  MetricsWriter metrics(main_rank ? s_->run_dir + "/metrics.jsonl" : "",
+                        static_cast<size_t>(c.guard.snapshot.history));
   s_->metrics = &metrics;
   struct MetricsReset {  // s_->metrics must not outlive `metrics`, exceptions included
     State* s;
     ~MetricsReset() { s->metrics = nullptr; }
   } metrics_reset{s_.get()};
-  Progress progress(c.log.progress, c.schedule.total_steps, c.log.every, s_->out);
+  Progress progress(main_rank ? c.log.progress : "none", c.schedule.total_steps, c.log.every, s_->out);
   const double nan = std::numeric_limits<double>::quiet_NaN();
 
   TrainResult result;
   result.run_dir = s_->run_dir;
+  result.rank = s_->env.rank;
+  result.world_size = s_->env.world_size;
   result.parameters = model::count_parameters(model);
   result.initial_val_loss = result.final_val_loss = nan;
   char header[512];
@@ -70,7 +85,7 @@ TrainResult Trainer::run() {
   }
 
   auto validate = [&](int64_t step) {
-    if (!s_->val) return nan;
+    if (!s_->val || !main_rank) return nan;
     double v = evaluate(model, *s_->val, c.batch.micro_batch, c.eval.batches, c.amp, s_->device);
     metrics.write_validation(step, v);
     char msg[128];
@@ -82,13 +97,30 @@ TrainResult Trainer::run() {
   model.train();
   if (s_->start_step == 0) result.initial_val_loss = validate(0);
   result.resumed_from = s_->start_step > 0 ? s_->start_step : -1;
-  auto save = [&](int64_t steps_done) {
+  auto save = [&](int64_t steps_done) -> std::string {
+    if (!main_rank) return "";
     return checkpoint::save_checkpoint(s_->run_dir + "/checkpoints", steps_done, model, *s_->optimizer,
                                        s_->trainer_state(steps_done), config::to_yaml(c), c.checkpoint.keep_last);
   };
   auto drain_telemetry = [&](int64_t step) {
     if (!s_->sampler) return;
-    for (const auto& sample : s_->sampler->drain()) metrics.write_telemetry(step, sample);
+    if (!s_->comm) {
+      for (const auto& sample : s_->sampler->drain()) metrics.write_telemetry(step, sample);
+      return;
+    }
+    // Every rank's samples reach rank 0's metrics through the store, tagged with the rank.
+    if (!main_rank) {
+      for (const auto& sample : s_->sampler->drain()) s_->comm->publish("telemetry", telemetry::to_json(sample).dump());
+      return;
+    }
+    auto write = [&](int64_t rank, const nlohmann::ordered_json& fields) {
+      nlohmann::ordered_json j = {{"step", step}, {"event", "telemetry"}, {"rank", rank}};
+      for (auto it = fields.begin(); it != fields.end(); ++it) j[it.key()] = it.value();
+      metrics.write(j);
+    };
+    for (const auto& sample : s_->sampler->drain()) write(0, telemetry::to_json(sample));
+    for (const auto& [rank, payload] : s_->comm->collect("telemetry"))
+      write(rank, nlohmann::ordered_json::parse(payload));
   };
 
   const int64_t tokens_per_step = c.batch.global_batch * c.data.seq_len;
@@ -101,7 +133,10 @@ TrainResult Trainer::run() {
     const auto step_start = Clock::now();
     const double lr = schedule.lr_at(step) * s_->ladder->lr_factor(step);
     optim::set_learning_rate(*s_->optimizer, lr);
-    for (auto& p : s_->params) p.mutable_grad() = torch::Tensor();  // set_to_none: fresh buffers
+    if (s_->sync)
+      s_->sync->begin_step(step);  // .grad are views into the all-reduce buckets, zeroed
+    else
+      for (auto& p : s_->params) p.mutable_grad() = torch::Tensor();  // set_to_none: fresh buffers
 
     StepRecord rec;
     rec.step = step;
@@ -110,26 +145,54 @@ TrainResult Trainer::run() {
     s_->furthest_step = std::max(s_->furthest_step, step);
     const bool inject_spike = first_visit && inject.spike_at(step);
     const bool inject_nonfinite = first_visit && inject.nonfinite_at(step);
-    rec.micro = s_->micro_batches(step, inject_spike, &rec.sample_index);
+    rec.micro = s_->micro_batches(step, inject_spike, &rec.sample_index, s_->env.rank);
     rec.injected = inject_spike ? "spike_batch" : inject_nonfinite ? "nonfinite_gradients" : "";
     rec.loss_scale = s_->scaler->scale();
     const bool measure_noise = c.guard.noise_scale.every > 0 && c.batch.accum_steps > 1 &&
                                step % c.guard.noise_scale.every == 0;
-    auto acc = accumulate(model, rec.micro, tokens_per_step, c.amp, s_->device, rec.loss_scale, measure_noise);
-    if (inject_nonfinite) {
+    const bool corrupt_here = inject_nonfinite && (inject.rank == -1 || inject.rank == s_->env.rank);
+    auto corrupt = [&] {
       torch::NoGradGuard no_grad;
       s_->params[0].grad().view(-1)[0].fill_(std::numeric_limits<float>::infinity());
+    };
+    std::function<void(const Accumulation&)> hand_off;
+    if (s_->sync)
+      hand_off = [&](const Accumulation& partial) {
+        if (corrupt_here) corrupt();  // before the last backward: the inf travels with the all-reduce
+        s_->sync->arm(s_->side_values(partial));
+      };
+    auto acc = accumulate(model, rec.micro, tokens_per_step, c.amp, s_->device, rec.loss_scale, measure_noise,
+                          hand_off);
+    std::vector<torch::Tensor> extras;
+    if (s_->sync) {
+      // The gradients, the loss, every rank's micro-batch losses and noise norms, summed
+      // over the ranks: identical on every rank from here on, so are the decisions.
+      const auto side = s_->sync->finish();
+      for (int64_t k = 0; k < side.numel(); ++k) extras.push_back(side[k]);
+    } else {
+      if (corrupt_here) corrupt();
+      extras = {acc.loss};
+      extras.insert(extras.end(), acc.micro_losses.begin(), acc.micro_losses.end());
+      if (measure_noise) extras.push_back(acc.first_sq_norm);
     }
 
     // The guarded step: one statistics pass (the step's single host sync, which also
     // reads the losses and the noise-scale norm), then host-side decisions.
-    std::vector<torch::Tensor> extras = {acc.loss};
-    extras.insert(extras.end(), acc.micro_losses.begin(), acc.micro_losses.end());
-    if (measure_noise) extras.push_back(acc.first_sq_norm);
     const auto stats = s_->stats->compute(1.0 / rec.loss_scale, extras, s_->clipper->device_hook());
     rec.stats = &stats;
     rec.clip = s_->clipper->apply(stats);
-    rec.micro_losses.assign(stats.extras.begin() + 1, stats.extras.begin() + 1 + c.batch.accum_steps);
+    const int64_t world = s_->env.world_size;
+    const int64_t n_micro = world * c.batch.accum_steps;  // micro-batches of the global batch
+    rec.micro_losses.assign(stats.extras.begin() + 1, stats.extras.begin() + 1 + n_micro);
+    double first_sq_norm = 0;  // mean over ranks of the first micro-batch's squared norm
+    if (measure_noise) {
+      if (s_->sync) {
+        for (int64_t r = 0; r < world; ++r) first_sq_norm += stats.extras[1 + n_micro + r];
+        first_sq_norm /= static_cast<double>(world);
+      } else {
+        first_sq_norm = stats.extras.back();
+      }
+    }
     const auto scaler = s_->scaler->update(stats.nonfinite);
     if (scaler.grew) s_->last_scale_growth = step;
     StepMetrics m;
@@ -144,9 +207,9 @@ TrainResult Trainer::run() {
       m.layer_grad_norms.emplace_back(s_->stats->groups().names[k], stats.layer_norms[k]);
     if (measure_noise && !stats.nonfinite) {
       // The first micro-batch's gradient is its mean gradient times its share of the
-      // global tokens (1 / accum) times the loss scale.
-      const double share = static_cast<double>(c.batch.accum_steps) / rec.loss_scale;
-      m.noise_scale = s_->noise->update(stats.extras.back() * share * share, static_cast<double>(c.batch.micro_batch),
+      // global tokens (1 / (accum x ranks)) times the loss scale.
+      const double share = static_cast<double>(n_micro) / rec.loss_scale;
+      m.noise_scale = s_->noise->update(first_sq_norm * share * share, static_cast<double>(c.batch.micro_batch),
                                         rec.clip.grad_norm * rec.clip.grad_norm,
                                         static_cast<double>(c.batch.global_batch));
       const auto& ns = c.guard.noise_scale;
@@ -204,10 +267,19 @@ TrainResult Trainer::run() {
     if (verdict.critical()) {
       apply = false;
       const auto* primary = verdict.primary();
-      const auto decision = s_->ladder->decide(step, primary->kind, fs::exists(s_->run_dir + "/checkpoints/latest"));
+      bool has_checkpoint = fs::exists(s_->run_dir + "/checkpoints/latest");
+      if (s_->comm)  // rank 0 holds the checkpoints: its answer decides for all
+        has_checkpoint = s_->comm->broadcast_string(has_checkpoint ? "1" : "0", "checkpoint check") == "1";
+      const auto decision = s_->ladder->decide(step, primary->kind, has_checkpoint);
       action = decision.action;
-      std::string why;
-      const std::string snapshot = s_->take_snapshot(rec, verdict, action == "halt", &why);
+      std::string why = "written by rank 0";
+      std::string snapshot;
+      if (main_rank) {
+        why.clear();
+        // A snapshot holds the whole global batch: every rank's micro-batches.
+        if (s_->comm) rec.micro = s_->micro_batches(step, inject_spike, &rec.sample_index, -1);
+        snapshot = s_->take_snapshot(rec, verdict, action == "halt", &why);
+      }
       if (!snapshot.empty()) {
         ++result.snapshots;
         result.last_snapshot = snapshot;
@@ -234,6 +306,8 @@ TrainResult Trainer::run() {
     }
     if (apply) s_->optimizer->step();
     s_->detector->record_outcome(apply);
+    if (s_->comm && c.dist.check_every > 0 && (step + 1) % c.dist.check_every == 0)
+      dist::verify_parameters(*s_->comm, s_->params, s_->names, step + 1);
     m.skipped = !apply;
     if (!apply) ++result.skipped_steps;
     m.tokens = tokens_per_step;

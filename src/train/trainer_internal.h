@@ -15,6 +15,8 @@
 #include "gradguard/config/config.h"
 #include "gradguard/core/threads.h"
 #include "gradguard/data/token_dataset.h"
+#include "gradguard/dist/communicator.h"
+#include "gradguard/dist/grad_sync.h"
 #include "gradguard/grad/clip.h"
 #include "gradguard/grad/grad_stats.h"
 #include "gradguard/guard/detector.h"
@@ -24,6 +26,7 @@
 #include "gradguard/model/llama.h"
 #include "gradguard/telemetry/telemetry.h"
 #include "gradguard/train/metrics.h"
+#include "gradguard/train/step.h"
 #include "gradguard/train/trainer.h"
 
 namespace gradguard::train {
@@ -59,6 +62,19 @@ struct Trainer::State {
   int64_t start_step = 0;                 // first step to run (> 0 after a resume)
   std::vector<std::string> resume_notes;  // what the resume did, for the progress display
 
+  // Data parallelism (world_size > 1): rank 0 writes the run directory (metrics,
+  // checkpoints, snapshots); every rank trains on its shard and sums gradients.
+  dist::DistEnv env;
+  std::unique_ptr<dist::Communicator> comm;  // null for a single process
+  std::unique_ptr<dist::GradSync> sync;      // null for a single process
+  bool main_rank() const { return env.rank == 0; }
+  // Slots of the side vector summed with the gradients: [loss | micro losses by global
+  // micro-batch g = m * world + rank | first-micro-batch squared norm by rank].
+  int64_t side_slots() const { return 1 + env.world_size * cfg.batch.accum_steps + env.world_size; }
+  // This rank's side vector [side_slots()] from its accumulation (zeros in the other
+  // ranks' slots, so the sum over ranks gathers them). Stays on the device.
+  at::Tensor side_values(const Accumulation& partial) const;
+
   // The guard.
   std::unique_ptr<guard::AnomalyDetector> detector;
   std::unique_ptr<guard::RecoveryLadder> ladder;
@@ -71,9 +87,17 @@ struct Trainer::State {
   std::deque<double> recent_norms, recent_seconds;  // [last 50 steps] for the diagnosis
   MetricsWriter* metrics = nullptr;  // set while run() is running
 
-  // The micro-batches of `step` (DESIGN.md order, shifted by data_offset), with an
-  // injected spike applied; fills `sample_index` [accum, micro].
-  std::vector<data::Batch> micro_batches(int64_t step, bool inject_spike, at::Tensor* sample_index) const;
+  // The micro-batches of `step` (DESIGN.md order, shifted by data_offset) for `rank`,
+  // with an injected spike applied where guard.inject.rank says; fills `sample_index`
+  // [accum, micro]. rank -1: every rank's, in global order g = m * world + rank
+  // ([accum * world] micro-batches: what a snapshot records).
+  std::vector<data::Batch> micro_batches(int64_t step, bool inject_spike, at::Tensor* sample_index,
+                                         int64_t rank) const;
+
+  // Setup steps of the constructor: the model, data, optimizer and guard (every rank);
+  // the fresh run directory with config.yaml (rank 0).
+  void build();
+  void create_run_dir();
 
   // trainer_state.json of a checkpoint taken after `steps_done` steps.
   nlohmann::ordered_json trainer_state(int64_t steps_done) const;
@@ -88,6 +112,9 @@ struct Trainer::State {
   // Zeroes the optimizer moments of the tensors of `layers` (all tensors when empty);
   // returns how many tensors had state.
   int64_t reset_moments(const std::vector<std::string>& layers);
+  // Every rank reports how `phase` went (its exception, or none) and learns whether the
+  // others failed; rethrows this rank's own error. No-op for a single process.
+  void agree(const std::string& phase, const std::exception_ptr& error);
   // Rolls back to the newest good checkpoint after an anomaly at `step` and skips the
   // data window that led to it. Returns the step training continues from.
   int64_t rollback(int64_t step, std::string* checkpoint_dir);

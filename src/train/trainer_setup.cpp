@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <nlohmann/json.hpp>
@@ -86,79 +87,153 @@ Trainer::Trainer(config::Config config, std::FILE* out, const std::string& resum
     : s_(std::make_unique<State>()) {
   s_->out = out;
   auto& c = s_->cfg = std::move(config);
-  c.finalize();
+  s_->env = dist::detect_env();
+  c.finalize(s_->env.world_size);
   s_->device = resolve_device(c.run.device);
   amp::check_supported(c.amp, s_->device);
   configure_allocator();
-  s_->threads = configure_threads(c.run.threads);
+  // Ranks sharing a node share its cores: by default each takes its share, so ATen's
+  // threads of one rank do not fight another's.
+  int64_t threads = c.run.threads;
+  if (threads == 0 && s_->env.local_world_size > 1)
+    threads = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()) /
+                                       s_->env.local_world_size);
+  s_->threads = configure_threads(threads);
+  if (s_->env.distributed()) s_->comm = std::make_unique<dist::Communicator>(s_->env, c.dist, s_->device);
   torch::manual_seed(c.run.seed);
 
+  // Everything that can fail on one rank alone (a data file, init_from, the run
+  // directory) happens before the ranks agree; collectives only after they have.
+  std::string resume_dir;
+  std::exception_ptr failure;
+  try {
+    s_->build();
+    if (!resume_run_dir.empty()) {
+      s_->run_dir = resume_run_dir;
+      if (s_->main_rank()) {
+        std::vector<std::string> rejected;
+        resume_dir = checkpoint::find_resumable(resume_run_dir, &rejected);
+        for (const auto& r : rejected) s_->resume_notes.push_back("skipped checkpoint: " + r);
+      }
+    } else if (s_->main_rank()) {
+      s_->create_run_dir();
+    }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  s_->agree("setup", failure);
+  if (s_->comm) {
+    s_->run_dir = s_->comm->broadcast_string(s_->run_dir, "run directory broadcast");
+    resume_dir = s_->comm->broadcast_string(resume_dir, "checkpoint choice broadcast");
+  }
+
+  if (!resume_run_dir.empty()) {
+    try {
+      s_->start_step = s_->restore(resume_dir, /*with_guard=*/true);
+      if (s_->start_step > c.schedule.total_steps)
+        throw bad_input("schedule.total_steps", "the checkpoint is at step " + std::to_string(s_->start_step) +
+                                                    ", past schedule.total_steps = " +
+                                                    std::to_string(c.schedule.total_steps));
+      s_->resume_notes.push_back("resumed from " + resume_dir + " (step " + std::to_string(s_->start_step) + ")");
+      if (s_->main_rank()) {
+        truncate_metrics(s_->run_dir + "/metrics.jsonl", s_->start_step);
+        fs::write_file_atomic(s_->run_dir + "/config.yaml", config::to_yaml(c));
+      }
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    s_->agree("resume", failure);
+  }
+  if (s_->comm) {
+    // Replicas start equal: from rank 0's initialisation, or (resumed) from the same
+    // checkpoint, which is verified rather than trusted.
+    if (resume_run_dir.empty())
+      dist::broadcast_parameters(*s_->comm, s_->params);
+    else
+      dist::verify_parameters(*s_->comm, s_->params, s_->names, s_->start_step);
+    s_->sync = std::make_unique<dist::GradSync>(s_->params, *s_->comm, c.dist, s_->side_slots());
+    s_->resume_notes.push_back("data parallel: " + s_->env.describe() + ", backend " + s_->comm->backend() +
+                               ", " + std::to_string(s_->sync->num_buckets()) + " gradient buckets, hook " +
+                               c.dist.hook);
+  }
+}
+
+void Trainer::State::build() {
+  auto& c = cfg;
   if (!c.model.init_from.empty()) {
     auto from = c.model.init_from;
     c.model = checkpoint::read_hf_config(from, c.model);
     c.model.init_from = from;
-    c.finalize();
+    c.finalize(env.world_size);
   }
   auto train_file = std::make_shared<data::TokenFile>(c.data.train_path, c.model.vocab_size);
-  s_->train = std::make_shared<data::TokenDataset>(train_file, c.data.seq_len, c.data.shuffle, c.run.seed);
+  train = std::make_shared<data::TokenDataset>(train_file, c.data.seq_len, c.data.shuffle, c.run.seed);
   if (!c.data.val_path.empty()) {
     auto val_file = std::make_shared<data::TokenFile>(c.data.val_path, c.model.vocab_size);
-    s_->val = std::make_shared<data::TokenDataset>(val_file, c.data.seq_len, false, c.run.seed);
+    val = std::make_shared<data::TokenDataset>(val_file, c.data.seq_len, false, c.run.seed);
   }
 
-  s_->model = model::LlamaForCausalLM(c.model);
-  if (!c.model.init_from.empty()) checkpoint::load_hf_weights(c.model.init_from, *s_->model);
-  s_->model->to(s_->device);
+  model = model::LlamaForCausalLM(c.model);
+  if (!c.model.init_from.empty()) checkpoint::load_hf_weights(c.model.init_from, *model);
+  model->to(device);
   optim::NamedParameters named;
-  for (const auto& item : s_->model->named_parameters()) {
+  for (const auto& item : model->named_parameters()) {
     named.emplace_back(item.key(), item.value());
-    s_->params.push_back(item.value());
-    s_->names.push_back(item.key());
+    params.push_back(item.value());
+    names.push_back(item.key());
   }
-  s_->peak_lr = optim::scaled_lr(c.optim.lr, c.optim.lr_scaling, c.optim.base_batch, c.batch.global_batch);
+  peak_lr = optim::scaled_lr(c.optim.lr, c.optim.lr_scaling, c.optim.base_batch, c.batch.global_batch);
   optim::OptimOptions optim_options = c.optim;
-  optim_options.lr = s_->peak_lr;
-  s_->optimizer = optim::make_optimizer(named, optim_options);
-  s_->scaler = std::make_unique<amp::LossScaler>(c.amp.scaler, amp::resolve_scaler_mode(c.amp.scaler, c.amp.dtype));
-  s_->stats = std::make_unique<grad::GradStatsComputer>(s_->params, s_->names);
-  s_->clipper = std::make_unique<grad::Clipper>(c.clip, s_->params, s_->names);
+  optim_options.lr = peak_lr;
+  optimizer = optim::make_optimizer(named, optim_options);
+  scaler = std::make_unique<amp::LossScaler>(c.amp.scaler, amp::resolve_scaler_mode(c.amp.scaler, c.amp.dtype));
+  stats = std::make_unique<grad::GradStatsComputer>(params, names);
+  clipper = std::make_unique<grad::Clipper>(c.clip, params, names);
 
-  const auto& layer_names = s_->stats->groups().names;
+  const auto& layer_names = stats->groups().names;
   const int64_t warmup = c.guard.warmup >= 0 ? c.guard.warmup : c.schedule.warmup_steps;
-  s_->detector = std::make_unique<guard::AnomalyDetector>(c.guard, layer_names, warmup);
-  s_->ladder = std::make_unique<guard::RecoveryLadder>(c.guard.recovery);
-  s_->snapshots = std::make_unique<guard::SnapshotBudget>(c.guard.snapshot);
-  s_->noise = std::make_unique<guard::NoiseScaleEstimator>(c.guard.noise_scale.ema);
-  if (c.telemetry.enabled) s_->sampler = std::make_unique<telemetry::Sampler>(c.telemetry);
+  detector = std::make_unique<guard::AnomalyDetector>(c.guard, layer_names, warmup);
+  ladder = std::make_unique<guard::RecoveryLadder>(c.guard.recovery);
+  snapshots = std::make_unique<guard::SnapshotBudget>(c.guard.snapshot);
+  noise = std::make_unique<guard::NoiseScaleEstimator>(c.guard.noise_scale.ema);
+  if (c.telemetry.enabled) sampler = std::make_unique<telemetry::Sampler>(c.telemetry);
+}
 
-  if (!resume_run_dir.empty()) {
-    s_->run_dir = resume_run_dir;
-    std::vector<std::string> rejected;
-    const std::string dir = checkpoint::find_resumable(resume_run_dir, &rejected);
-    for (const auto& r : rejected) s_->resume_notes.push_back("skipped checkpoint: " + r);
-    s_->start_step = s_->restore(dir, /*with_guard=*/true);
-    if (s_->start_step > c.schedule.total_steps)
-      throw bad_input("schedule.total_steps", "the checkpoint is at step " + std::to_string(s_->start_step) +
-                                                  ", past schedule.total_steps = " +
-                                                  std::to_string(c.schedule.total_steps));
-    s_->resume_notes.push_back("resumed from " + dir + " (step " + std::to_string(s_->start_step) + ")");
-    truncate_metrics(s_->run_dir + "/metrics.jsonl", s_->start_step);
-    fs::write_file_atomic(s_->run_dir + "/config.yaml", config::to_yaml(c));
-    return;
-  }
+void Trainer::State::create_run_dir() {
+  auto& c = cfg;
   if (c.run.name.empty()) c.run.name = default_run_name(c);
-  s_->run_dir = (stdfs::path(c.run.dir) / c.run.name).string();
-  const bool has_run = fs::exists(s_->run_dir + "/metrics.jsonl") || fs::exists(s_->run_dir + "/config.yaml");
+  run_dir = (stdfs::path(c.run.dir) / c.run.name).string();
+  const bool has_run = fs::exists(run_dir + "/metrics.jsonl") || fs::exists(run_dir + "/config.yaml");
   if (has_run && !c.run.overwrite)
-    throw bad_input("run.name", "run directory '" + s_->run_dir +
+    throw bad_input("run.name", "run directory '" + run_dir +
                                     "' already holds a run; choose another run.name or set run.overwrite=true");
   if (has_run) {
-    stdfs::remove(s_->run_dir + "/metrics.jsonl");
-    stdfs::remove_all(s_->run_dir + "/checkpoints");
-    stdfs::remove_all(s_->run_dir + "/snapshots");
+    stdfs::remove(run_dir + "/metrics.jsonl");
+    stdfs::remove_all(run_dir + "/checkpoints");
+    stdfs::remove_all(run_dir + "/snapshots");
   }
-  stdfs::create_directories(s_->run_dir);
-  fs::write_file_atomic(s_->run_dir + "/config.yaml", config::to_yaml(c));
+  stdfs::create_directories(run_dir);
+  fs::write_file_atomic(run_dir + "/config.yaml", config::to_yaml(c));
+}
+
+void Trainer::State::agree(const std::string& phase, const std::exception_ptr& error) {
+  if (!comm) {
+    if (error) std::rethrow_exception(error);
+    return;
+  }
+  std::string message;
+  if (error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      message = e.what();
+    } catch (...) {
+      message = "unknown error";
+    }
+    comm->report_failure(message);
+  }
+  comm->agree(phase, message);
+  if (error) std::rethrow_exception(error);
 }
 
 nlohmann::ordered_json Trainer::State::trainer_state(int64_t steps_done) const {
@@ -203,31 +278,67 @@ int64_t Trainer::State::restore(const std::string& dir, bool with_guard) {
   return loaded.step;
 }
 
-std::vector<data::Batch> Trainer::State::micro_batches(int64_t step, bool inject_spike, at::Tensor* sample_index) const {
+std::vector<data::Batch> Trainer::State::micro_batches(int64_t step, bool inject_spike, at::Tensor* sample_index,
+                                                       int64_t rank) const {
   const auto& b = cfg.batch;
   const int64_t T = cfg.data.seq_len;
-  std::vector<data::Batch> micro;
-  *sample_index = torch::empty({b.accum_steps, b.micro_batch}, torch::kLong);
-  auto* idx = sample_index->data_ptr<int64_t>();
-  for (int64_t m = 0; m < b.accum_steps; ++m) {
-    // Sample k = ((step + data_offset) * accum + m) * micro + row (DESIGN.md order).
-    const int64_t first = ((step + data_offset) * b.accum_steps + m) * b.micro_batch;
-    for (int64_t r = 0; r < b.micro_batch; ++r) idx[m * b.micro_batch + r] = first + r;
-    micro.push_back(train->batch(first, b.micro_batch));
-  }
-  if (inject_spike) {
-    // A corrupted batch: uniform random tokens, reproducible from (seed, step).
-    std::mt19937_64 rng(cfg.run.seed * 1000003ULL + static_cast<uint64_t>(step));
-    std::uniform_int_distribution<int64_t> token(0, cfg.model.vocab_size - 1);
-    for (auto& mb : micro) {
-      auto window = torch::empty({b.micro_batch, T + 1}, torch::kLong);
-      auto* w = window.data_ptr<int64_t>();
-      for (int64_t i = 0; i < window.numel(); ++i) w[i] = token(rng);
-      mb.inputs = window.narrow(1, 0, T).contiguous();
-      mb.targets = window.narrow(1, 1, T).contiguous();
+  const int64_t world = env.world_size;
+  // One rank's micro-batches: sample k = (((step + data_offset) * accum + m) * world +
+  // rank) * micro + row (DESIGN.md order; with one rank exactly its formula).
+  auto shard = [&](int64_t r, int64_t* idx) {
+    std::vector<data::Batch> micro;
+    for (int64_t m = 0; m < b.accum_steps; ++m) {
+      const int64_t first = (((step + data_offset) * b.accum_steps + m) * world + r) * b.micro_batch;
+      for (int64_t row = 0; row < b.micro_batch; ++row) idx[m * b.micro_batch + row] = first + row;
+      micro.push_back(train->batch(first, b.micro_batch));
     }
+    const int64_t spike_rank = cfg.guard.inject.rank;
+    if (inject_spike && (spike_rank == -1 || spike_rank == r)) {
+      // A corrupted batch: uniform random tokens, reproducible from (seed, step, rank).
+      std::mt19937_64 rng(cfg.run.seed * 1000003ULL + static_cast<uint64_t>(step) +
+                          static_cast<uint64_t>(r) * 0x9E3779B97F4A7C15ULL);
+      std::uniform_int_distribution<int64_t> token(0, cfg.model.vocab_size - 1);
+      for (auto& mb : micro) {
+        auto window = torch::empty({b.micro_batch, T + 1}, torch::kLong);
+        auto* w = window.data_ptr<int64_t>();
+        for (int64_t i = 0; i < window.numel(); ++i) w[i] = token(rng);
+        mb.inputs = window.narrow(1, 0, T).contiguous();
+        mb.targets = window.narrow(1, 1, T).contiguous();
+      }
+    }
+    return micro;
+  };
+  if (rank >= 0) {
+    *sample_index = torch::empty({b.accum_steps, b.micro_batch}, torch::kLong);
+    return shard(rank, sample_index->data_ptr<int64_t>());
   }
-  return micro;
+  // Every rank's, interleaved as g = m * world + r: consecutive samples in the order.
+  *sample_index = torch::empty({b.accum_steps * world, b.micro_batch}, torch::kLong);
+  std::vector<std::vector<data::Batch>> per_rank;
+  std::vector<at::Tensor> per_rank_index;
+  for (int64_t r = 0; r < world; ++r) {
+    per_rank_index.push_back(torch::empty({b.accum_steps, b.micro_batch}, torch::kLong));
+    per_rank.push_back(shard(r, per_rank_index.back().data_ptr<int64_t>()));
+  }
+  std::vector<data::Batch> all;
+  for (int64_t m = 0; m < b.accum_steps; ++m)
+    for (int64_t r = 0; r < world; ++r) {
+      all.push_back(per_rank[r][m]);
+      (*sample_index)[m * world + r].copy_(per_rank_index[r][m]);
+    }
+  return all;
+}
+
+at::Tensor Trainer::State::side_values(const Accumulation& partial) const {
+  torch::NoGradGuard no_grad;
+  const int64_t world = env.world_size, accum = cfg.batch.accum_steps;
+  auto side = torch::zeros({side_slots()}, torch::TensorOptions().dtype(torch::kFloat).device(device));
+  side.narrow(0, 0, 1).copy_(partial.loss.reshape({1}));
+  for (int64_t m = 0; m < static_cast<int64_t>(partial.micro_losses.size()); ++m)
+    side.narrow(0, 1 + m * world + env.rank, 1).copy_(partial.micro_losses[m].reshape({1}));
+  if (partial.first_sq_norm.defined())
+    side.narrow(0, 1 + world * accum + env.rank, 1).copy_(partial.first_sq_norm.reshape({1}));
+  return side;
 }
 
 Trainer::~Trainer() = default;

@@ -7,6 +7,7 @@
 #include "commands.h"
 #include "gradguard/core/allocator.h"
 #include "gradguard/core/error.h"
+#include "gradguard/dist/env.h"
 
 int main(int argc, char** argv) {
   gradguard::configure_allocator();  // before any tensor exists
@@ -20,22 +21,31 @@ int main(int argc, char** argv) {
   gradguard::cli::add_export_command(app, action);
   gradguard::cli::add_replay_command(app, action);
   gradguard::cli::add_bench_command(app, action);
+  gradguard::cli::add_launch_command(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     int code = app.exit(e);
     return code == 0 ? 0 : 2;
   }
+  // In a data-parallel run every rank may print an error: say whose it is.
+  std::string who = "error";
+  try {
+    const auto env = gradguard::dist::detect_env();
+    if (env.distributed()) who += " [rank " + std::to_string(env.rank) + "]";
+  } catch (const gradguard::Error&) {
+    // a bad launcher environment is reported by the command that needs it
+  }
   try {
     return action();
   } catch (const gradguard::Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fprintf(stderr, "%s: %s\n", who.c_str(), e.what());
     return e.exit_code();
   } catch (const c10::Error& e) {
-    std::fprintf(stderr, "error (torch): %s\n", e.what_without_backtrace());
+    std::fprintf(stderr, "%s (torch): %s\n", who.c_str(), e.what_without_backtrace());
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fprintf(stderr, "%s: %s\n", who.c_str(), e.what());
     return 1;
   }
 }

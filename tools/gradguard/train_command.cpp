@@ -68,8 +68,11 @@ void add_train_command(CLI::App& app, Action& action) {
       }
       train::Trainer trainer(config::load_config(config_path, overrides), stdout, run_dir);
       auto r = trainer.run();
-      std::printf("\nsummary: %lld steps in %s (%.0f tokens/s), %lld skipped%s\n", (long long)r.steps,
-                  train::format_duration(r.elapsed_s).c_str(), r.tokens_per_s, (long long)r.skipped_steps,
+      if (r.rank != 0) return 0;  // rank 0 reports for the run
+      std::printf("\nsummary: %lld steps in %s (%.0f tokens/s%s), %lld skipped%s\n", (long long)r.steps,
+                  train::format_duration(r.elapsed_s).c_str(), r.tokens_per_s,
+                  r.world_size > 1 ? (" over " + std::to_string(r.world_size) + " ranks").c_str() : "",
+                  (long long)r.skipped_steps,
                   r.resumed_from >= 0 ? (", resumed at step " + std::to_string(r.resumed_from)).c_str() : "");
       std::printf("  train loss  %.4f -> %.4f\n", r.first_loss, r.final_loss);
       if (std::isfinite(r.final_val_loss))

@@ -9,6 +9,7 @@
 
 #include "gradguard/amp/precision.h"
 #include "gradguard/data/token_dataset.h"
+#include "gradguard/dist/dist_options.h"
 #include "gradguard/grad/clip.h"
 #include "gradguard/guard/guard_options.h"
 #include "gradguard/model/llama.h"
@@ -33,6 +34,7 @@ struct Config {
   train::LogOptions log;
   guard::GuardOptions guard;
   telemetry::TelemetryOptions telemetry;
+  dist::DistOptions dist;
 
   // Advice produced by finalize() that is not an error (e.g. a global batch that is not
   // a power of two). Not part of the YAML.

@@ -49,6 +49,7 @@ struct InjectOptions {
   std::vector<int64_t> nonfinite_steps;  // steps whose gradients get an inf after backward
   std::vector<int64_t> spike_steps;      // steps whose batch is replaced by uniform random tokens (a loss spike)
   std::vector<int64_t> overflow_storm;   // [start, length]: gradients overflow on `length` steps from `start`; [] = none
+  int64_t rank = 0;                      // the rank whose gradients or batch are corrupted; -1 = every rank
   bool nonfinite_at(int64_t step) const;  // nonfinite_steps or inside the overflow storm
   bool spike_at(int64_t step) const;
   void validate() const;

@@ -34,7 +34,8 @@ struct StepMetrics {
 
 class MetricsWriter {
  public:
-  // Opens `path` for appending. Throws gradguard::Error naming the path on failure.
+  // Opens `path` for appending ("" = write nothing, keep only recent()). Throws
+  // gradguard::Error naming the path on failure.
   // `keep_recent`: how many of the last lines recent() returns (for snapshots).
   explicit MetricsWriter(const std::string& path, size_t keep_recent = 0);
   ~MetricsWriter();

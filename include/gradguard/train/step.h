@@ -2,6 +2,7 @@
 // accumulation over micro-batches with the global-batch token mean, and validation.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include <ATen/Tensor.h>
@@ -34,9 +35,13 @@ struct Accumulation {
   std::vector<at::Tensor> micro_losses;  // [micro-batch] 0-dim mean token loss of each
   at::Tensor first_sq_norm;              // 0-dim float; undefined unless measure_first
 };
+// `before_last_backward`, when set, runs after the last micro-batch's forward and before
+// its backward with the accumulation so far (loss and micro_losses complete): data
+// parallelism hands the side values to the gradient all-reduce there.
 Accumulation accumulate(model::LlamaForCausalLMImpl& model, const std::vector<data::Batch>& micro_batches,
                         int64_t total_tokens, const amp::AmpOptions& amp, const c10::Device& device,
-                        double loss_scale, bool measure_first);
+                        double loss_scale, bool measure_first,
+                        const std::function<void(const Accumulation&)>& before_last_backward = {});
 
 // Mean target-token loss over up to `batches` micro-batches of `micro_batch` samples taken
 // from the start of `dataset` (never wrapping past its end), without gradients. Syncs once.

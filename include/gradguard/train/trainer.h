@@ -31,6 +31,8 @@ struct TrainResult {
   double final_val_loss = 0;    // after the last step (NaN without validation data)
   double elapsed_s = 0;
   double tokens_per_s = 0;      // over the whole run
+  int64_t rank = 0;             // this process's rank of a data-parallel run (rank 0 writes and reports)
+  int64_t world_size = 1;
 };
 
 class Trainer {
@@ -52,6 +54,7 @@ class Trainer {
   const std::string& run_dir() const;
 
  private:
+  TrainResult run_steps();
   struct State;
   std::unique_ptr<State> s_;
 };

@@ -1,0 +1,204 @@
+// GradSync on a one-rank group (a real TCPStore and Gloo group of size 1, so every code
+// path runs; the sums over ranks are the identity): buckets launch during the last
+// backward only, the gradients are the plain accumulation's, the fp16/bf16 hooks round
+// exactly as the wire formats do, and PowerSGD's error feedback accounts for every bit
+// it did not send (approximation + error = input). Two-rank behaviour is tested end to
+// end in data_parallel_test.cpp.
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include "gradguard/dist/communicator.h"
+#include "gradguard/dist/grad_sync.h"
+#include "gradguard/dist/launch.h"
+#include "gradguard/model/llama.h"
+#include "gradguard/train/step.h"
+#include "test_util.h"
+
+namespace gradguard {
+namespace {
+
+class GradSyncTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    env_.master_port = dist::free_tcp_port("127.0.0.1");
+    env_.source = "torchrun";
+    torch::manual_seed(3);
+    model::LlamaOptions o;
+    o.vocab_size = 64, o.hidden_size = 32, o.intermediate_size = 64, o.num_layers = 2, o.num_heads = 4;
+    o.num_kv_heads = 2, o.max_seq_len = 16;
+    net_ = model::LlamaForCausalLM(o);
+    for (const auto& p : net_->parameters()) params_.push_back(p);
+    for (int m = 0; m < 3; ++m) {
+      auto t = torch::randint(0, 64, {2, 9}, torch::kLong);
+      batches_.push_back({t.narrow(1, 0, 8).contiguous(), t.narrow(1, 1, 8).contiguous()});
+    }
+  }
+  // Gradients of the three micro-batches without any synchronisation.
+  std::vector<at::Tensor> reference() {
+    for (auto& p : params_) p.mutable_grad() = at::Tensor();
+    train::accumulate(*net_, batches_, 48, amp_, torch::kCPU, 1.0, false);
+    std::vector<at::Tensor> g;
+    for (auto& p : params_) g.push_back(p.grad().clone());
+    return g;
+  }
+  // One step through GradSync with `options`; returns the summed side vector.
+  at::Tensor step(dist::GradSync& sync, int64_t s) {
+    sync.begin_step(s);
+    int calls = 0;
+    train::accumulate(*net_, batches_, 48, amp_, torch::kCPU, 1.0, false, [&](const train::Accumulation& a) {
+      ++calls;
+      EXPECT_EQ(sync.buckets_launched_in_backward(), 0);  // nothing before the last backward
+      sync.arm(torch::stack({a.loss.to(torch::kFloat), torch::tensor(2.5f)}));
+    });
+    EXPECT_EQ(calls, 1);
+    return sync.finish();
+  }
+  dist::DistEnv env_;
+  model::LlamaForCausalLM net_{nullptr};
+  std::vector<at::Tensor> params_;
+  std::vector<data::Batch> batches_;
+  amp::AmpOptions amp_;
+};
+
+TEST_F(GradSyncTest, BucketsLaunchDuringTheLastBackwardAndGradientsMatch) {
+  const auto ref = reference();
+  dist::DistOptions options;
+  options.bucket_mb = 0.01;  // ~2.6k floats: several buckets on this model
+  dist::Communicator comm(env_, options, torch::kCPU);
+  dist::GradSync sync(params_, comm, options, 2);
+  ASSERT_GT(sync.num_buckets(), 3);
+  const auto side = step(sync, 0);
+  // Every bucket went out while backward was still running.
+  EXPECT_EQ(sync.buckets_launched_in_backward(), sync.num_buckets());
+  for (size_t k = 0; k < params_.size(); ++k) EXPECT_TRUE(torch::equal(params_[k].grad(), ref[k])) << k;
+  EXPECT_FLOAT_EQ(side[1].item<float>(), 2.5f);
+  // The next step starts from zeroed buckets, and .grad still points into them.
+  const auto side2 = step(sync, 1);
+  for (size_t k = 0; k < params_.size(); ++k) EXPECT_TRUE(torch::equal(params_[k].grad(), ref[k])) << k;
+  EXPECT_FLOAT_EQ(side2[0].item<float>(), side[0].item<float>());
+}
+
+TEST_F(GradSyncTest, Fp16AndBf16HooksRoundLikeTheirWireFormats) {
+  const auto ref = reference();
+  for (const std::string hook : {"fp16", "bf16"}) {
+    dist::DistOptions options;
+    options.hook = hook;
+    dist::Communicator comm(env_, options, torch::kCPU);
+    {
+      dist::GradSync sync(params_, comm, options, 2);
+      const auto side = step(sync, 0);
+      const auto dtype = hook == "fp16" ? torch::kHalf : torch::kBFloat16;
+      for (size_t k = 0; k < params_.size(); ++k)
+        EXPECT_TRUE(torch::equal(params_[k].grad(), ref[k].to(dtype).to(torch::kFloat))) << hook << " " << k;
+      EXPECT_FLOAT_EQ(side[1].item<float>(), 2.5f);  // the side vector stays fp32
+    }
+    env_.master_port = dist::free_tcp_port("127.0.0.1");
+  }
+}
+
+TEST_F(GradSyncTest, PowerSgdApproximatesAndFeedsTheErrorBack) {
+  const auto ref = reference();
+  dist::DistOptions options;
+  options.hook = "powersgd";
+  options.powersgd_rank = 2;
+  options.powersgd_start_step = 1;
+  dist::Communicator comm(env_, options, torch::kCPU);
+  dist::GradSync sync(params_, comm, options, 2);
+  step(sync, 0);  // before the start step: exact
+  for (size_t k = 0; k < params_.size(); ++k) EXPECT_TRUE(torch::equal(params_[k].grad(), ref[k])) << k;
+  step(sync, 1);
+  EXPECT_GT(sync.compressed_tensors(), 0);
+  int64_t approximated = 0;
+  for (size_t k = 0; k < params_.size(); ++k) {
+    const auto& g = params_[k].grad();
+    if (params_[k].dim() < 2) {
+      EXPECT_TRUE(torch::equal(g, ref[k])) << "vectors travel uncompressed: " << k;
+      continue;
+    }
+    const int64_t n = g.size(0), m = g.numel() / n;
+    if ((n + m) * 2 >= n * m) continue;  // too small to gain: sent as is
+    ++approximated;
+    // A rank-2 approximation of the gradient...
+    EXPECT_LE(at::linalg_matrix_rank(g.reshape({n, m})).item<int64_t>(), 2) << k;
+    EXPECT_FALSE(torch::allclose(g, ref[k])) << k;
+  }
+  EXPECT_GT(approximated, 0);
+  // ...whose residual is fed back: with the same gradient every step, the applied
+  // approximations A_t sum to t * g - e_t with a bounded error e_t, so their mean closes
+  // in on g like 1/t. Without error feedback it would stay at the rank-2 projection.
+  auto rel = [](const at::Tensor& a, const at::Tensor& b) { return ((a - b).norm() / b.norm()).item<double>(); };
+  std::vector<at::Tensor> first, sum;
+  for (auto& p : params_) first.push_back(p.grad().clone()), sum.push_back(p.grad().clone());
+  const int steps = 40;
+  for (int t = 2; t <= steps; ++t) {
+    step(sync, t);
+    for (size_t k = 0; k < params_.size(); ++k) sum[k] += params_[k].grad();
+  }
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (params_[k].dim() < 2 || rel(first[k], ref[k]) < 1e-6) continue;
+    const double one = rel(first[k], ref[k]), mean = rel(sum[k] / steps, ref[k]);
+    EXPECT_LT(mean, 0.25 * one) << "tensor " << k << ": one step " << one << ", mean of " << steps << " " << mean;
+  }
+}
+
+TEST_F(GradSyncTest, AnInfSurvivesEveryHook) {
+  for (const std::string hook : {"none", "fp16", "bf16", "powersgd"}) {
+    dist::DistOptions options;
+    options.hook = hook;
+    options.powersgd_start_step = 0;
+    dist::Communicator comm(env_, options, torch::kCPU);
+    {
+      dist::GradSync sync(params_, comm, options, 2);
+      sync.begin_step(0);
+      train::accumulate(*net_, batches_, 48, amp_, torch::kCPU, 1.0, false, [&](const train::Accumulation& a) {
+        torch::NoGradGuard no_grad;
+        params_[0].grad().view(-1)[0].fill_(std::numeric_limits<float>::infinity());
+        sync.arm(torch::stack({a.loss.to(torch::kFloat), torch::tensor(0.f)}));
+      });
+      sync.finish();
+      double total = 0;
+      for (const auto& p : params_) total += p.grad().sum().item<double>();
+      EXPECT_FALSE(std::isfinite(total)) << hook;
+    }
+    env_.master_port = dist::free_tcp_port("127.0.0.1");
+  }
+}
+
+TEST_F(GradSyncTest, ParameterChecksumsAgreeOnOneRank) {
+  dist::DistOptions options;
+  dist::Communicator comm(env_, options, torch::kCPU);
+  std::vector<std::string> names;
+  for (const auto& item : net_->named_parameters()) names.push_back(item.key());
+  dist::broadcast_parameters(comm, params_);
+  EXPECT_NO_THROW(dist::verify_parameters(comm, params_, names, 0));
+}
+
+TEST(DistOptions, EveryBadValueNamesItsKey) {
+  auto check = [](auto mutate, const std::string& key) {
+    dist::DistOptions o;
+    mutate(o);
+    EXPECT_NE(test::bad_input_message([&] { o.validate(); }).find(key), std::string::npos) << key;
+  };
+  check([](dist::DistOptions& o) { o.backend = "mpi"; }, "dist.backend");
+  check([](dist::DistOptions& o) { o.timeout_s = 0; }, "dist.timeout_s");
+  check([](dist::DistOptions& o) { o.bucket_mb = -1; }, "dist.bucket_mb");
+  check([](dist::DistOptions& o) { o.hook = "int8"; }, "dist.hook");
+  check([](dist::DistOptions& o) { o.powersgd_rank = 0; }, "dist.powersgd_rank");
+  check([](dist::DistOptions& o) { o.powersgd_start_step = -1; }, "dist.powersgd_start_step");
+  check([](dist::DistOptions& o) { o.check_every = -2; }, "dist.check_every");
+  check([](dist::DistOptions& o) { o.heartbeat_s = 0; }, "dist.heartbeat_s");
+  check([](dist::DistOptions& o) { o.heartbeat_s = 200; }, "dist.heartbeat_s");  // > timeout / 3
+}
+
+TEST(DistOptions, NcclIsRejectedOnThisBuildWithAMessage) {
+  dist::DistEnv env;
+  env.world_size = 2;
+  dist::DistOptions o;
+  o.backend = "nccl";
+  EXPECT_NE(test::bad_input_message([&] { dist::Communicator comm(env, o, torch::kCPU); }).find("dist.backend"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace gradguard
