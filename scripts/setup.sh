@@ -16,6 +16,7 @@ APT_PACKAGES=(
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libspdlog-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch                                     # Python reference for parity tests/benchmarks
+  iproute2                                          # ip netns/veth: the two-host data-parallel test
   clang-14 libclang-rt-14-dev llvm-14               # libFuzzer + ASan/UBSan for scripts/fuzz.sh
 )
 
