@@ -262,18 +262,6 @@ Communicator::Work Communicator::allgather_async(const at::Tensor& input, std::v
   return w;
 }
 
-at::Tensor Communicator::allgather(const at::Tensor& tensor, const std::string& what) {
-  std::vector<at::Tensor> input = {tensor.contiguous()};
-  std::vector<std::vector<at::Tensor>> output(1);
-  for (int64_t r = 0; r < env_.world_size; ++r) output[0].push_back(torch::empty_like(input[0]));
-  try {
-    impl_->group->allgather(output, input)->wait();
-  } catch (const std::exception& e) {
-    fail(what, e);
-  }
-  return torch::stack(output[0]);
-}
-
 std::string Communicator::broadcast_string(const std::string& value, const std::string& what) {
   const std::string key = impl_->prefix + "bcast/" + std::to_string(impl_->sequence++);
   try {

@@ -63,8 +63,6 @@ class Communicator {
   void broadcast(std::vector<at::Tensor> tensors, const std::string& what);
   // Every rank's `input` into outputs[rank] (each shaped like `input`), asynchronously.
   Work allgather_async(const at::Tensor& input, std::vector<at::Tensor> outputs, const std::string& what);
-  // Every rank's `tensor` (same shape and dtype on all), stacked: [world_size, ...].
-  at::Tensor allgather(const at::Tensor& tensor, const std::string& what);
   // Rank 0's string on every rank.
   std::string broadcast_string(const std::string& value, const std::string& what);
 
