@@ -45,16 +45,55 @@ struct GradSync::Bucket {
   // fp16 / bf16
   at::Tensor wire;
   std::vector<at::Tensor> gathered;  // [rank] bf16 bytes
-  // PowerSGD
-  std::vector<size_t> compressed;  // [k] index into tensors
-  std::vector<int64_t> p_offsets, q_offsets;  // [k]
-  std::vector<size_t> plain;       // [j] index into tensors sent uncompressed
-  at::Tensor p_buffer, q_buffer, rest;
+  // PowerSGD: the layout is fixed by the parameters and the rank, so it is planned once.
+  struct Factor {
+    size_t tensor = 0;         // parameter index
+    int64_t offset = 0;        // element offset of its gradient in buffer
+    int64_t n = 0, m = 0;      // the gradient as an [n, m] matrix (rows = dim 0)
+    int64_t p_at = 0, q_at = 0;  // element offsets of P [n, r] in p_buffer, Q [m, r] in q_buffer
+  };
+  std::vector<Factor> factors;                   // [k] tensors sent as P/Q factors
+  std::vector<std::pair<int64_t, int64_t>> plain;  // [j] (offset, numel) of tensors sent as they are
+  at::Tensor p_buffer, q_buffer, rest;           // rest: the plain tensors, packed
+  int64_t rank = 0;
   Communicator::Work rest_work, q_work;
   bool powersgd = false;  // this step's launch used PowerSGD
 
   at::Tensor view(size_t i, const at::Tensor& param) const {
     return buffer.narrow(0, offsets[i], param.numel()).view(param.sizes());
+  }
+  at::Tensor M(const Factor& f) const { return buffer.narrow(0, f.offset, f.n * f.m).view({f.n, f.m}); }
+  at::Tensor P(const Factor& f) const { return p_buffer.narrow(0, f.p_at, f.n * rank).view({f.n, rank}); }
+  at::Tensor Q(const Factor& f) const { return q_buffer.narrow(0, f.q_at, f.m * rank).view({f.m, rank}); }
+
+  // Splits the bucket into factored and plain tensors: a matrix is factored when its
+  // factors are smaller than it, (n + m) r < n m.
+  void plan_powersgd(const std::vector<at::Tensor>& params, int64_t r) {
+    rank = r;
+    int64_t p_total = 0, q_total = 0, rest_total = 0;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const auto& p = params[tensors[i]];
+      const int64_t n = p.dim() >= 2 ? p.size(0) : 1, m = p.numel() / std::max<int64_t>(n, 1);
+      if (p.dim() >= 2 && (n + m) * r < n * m) {
+        factors.push_back({tensors[i], offsets[i], n, m, p_total, q_total});
+        p_total += n * r, q_total += m * r;
+      } else {
+        plain.emplace_back(offsets[i], p.numel());
+        rest_total += p.numel();
+      }
+    }
+    p_buffer = torch::empty({p_total}, buffer.options());
+    q_buffer = torch::empty({q_total}, buffer.options());
+    rest = torch::empty({rest_total}, buffer.options());
+  }
+  // Copies the plain tensors between buffer and rest, in either direction.
+  void copy_plain(bool to_rest) {
+    int64_t at = 0;
+    for (const auto& [offset, numel] : plain) {
+      auto in_buffer = buffer.narrow(0, offset, numel), in_rest = rest.narrow(0, at, numel);
+      (to_rest ? in_rest : in_buffer).copy_(to_rest ? in_buffer : in_rest);
+      at += numel;
+    }
   }
 };
 
@@ -102,6 +141,7 @@ GradSync::GradSync(std::vector<at::Tensor> params, Communicator& comm, const Dis
     }
     bucket->carries_side = side_in_bucket && b + 1 == groups.size();
     bucket->buffer = torch::zeros({bucket->grad_numel + (bucket->carries_side ? side_slots_ : 0)}, opts);
+    if (options_.hook == "powersgd") bucket->plan_powersgd(params_, options_.powersgd_rank);
     buckets_.push_back(std::move(bucket));
   }
   pending_.assign(buckets_.size(), 0);
@@ -125,7 +165,7 @@ int64_t GradSync::num_buckets() const { return static_cast<int64_t>(buckets_.siz
 
 int64_t GradSync::compressed_tensors() const {
   int64_t n = 0;
-  for (const auto& b : buckets_) n += static_cast<int64_t>(b->compressed.size());
+  for (const auto& b : buckets_) n += static_cast<int64_t>(b->factors.size());
   return n;
 }
 
@@ -193,47 +233,19 @@ void GradSync::launch(size_t b) {
     B.work = comm_.allgather_async(B.wire, B.gathered, what);
   } else if (powersgd_active()) {
     B.powersgd = true;
-    const int64_t rank = options_.powersgd_rank;
-    B.compressed.clear(), B.plain.clear(), B.p_offsets.clear(), B.q_offsets.clear();
-    int64_t p_total = 0, q_total = 0, rest_total = 0;
-    for (size_t i = 0; i < B.tensors.size(); ++i) {
-      const auto& p = params_[B.tensors[i]];
-      const int64_t n = p.dim() >= 2 ? p.size(0) : 1, m = p.numel() / std::max<int64_t>(n, 1);
-      if (p.dim() >= 2 && (n + m) * rank < n * m) {
-        B.compressed.push_back(i);
-        B.p_offsets.push_back(p_total), B.q_offsets.push_back(q_total);
-        p_total += n * rank, q_total += m * rank;
-      } else {
-        B.plain.push_back(i);
-        rest_total += p.numel();
-      }
-    }
-    const auto opts = B.buffer.options();
-    B.p_buffer = torch::empty({p_total}, opts);
-    B.q_buffer = torch::empty({q_total}, opts);
-    B.rest = torch::empty({rest_total}, opts);
-    for (size_t k = 0; k < B.compressed.size(); ++k) {
-      const size_t i = B.compressed[k];
-      const size_t t = B.tensors[i];
-      const auto& p = params_[t];
-      const int64_t n = p.size(0), m = p.numel() / n;
-      auto M = B.buffer.narrow(0, B.offsets[i], n * m).view({n, m});
-      auto& st = power_[t];
+    for (const auto& f : B.factors) {
+      auto M = B.M(f);
+      auto& st = power_[f.tensor];
       if (!st.q.defined()) {
-        auto gen = at::detail::createCPUGenerator(kPowerSgdSeed + t);
-        st.q = at::randn({m, rank}, gen, torch::TensorOptions().dtype(torch::kFloat)).to(opts.device());
-        st.error = torch::zeros({n, m}, opts);
+        auto gen = at::detail::createCPUGenerator(kPowerSgdSeed + f.tensor);
+        st.q = at::randn({f.m, B.rank}, gen, torch::TensorOptions().dtype(torch::kFloat)).to(M.device());
+        st.error = torch::zeros({f.n, f.m}, M.options());
       }
       M.add_(st.error);  // error feedback: what earlier steps did not transmit
-      auto P = B.p_buffer.narrow(0, B.p_offsets[k], n * rank).view({n, rank});
+      auto P = B.P(f);
       torch::mm_out(P, M, st.q);
     }
-    int64_t at = 0;
-    for (size_t i : B.plain) {
-      const auto n = params_[B.tensors[i]].numel();
-      B.rest.narrow(0, at, n).copy_(B.buffer.narrow(0, B.offsets[i], n));
-      at += n;
-    }
+    B.copy_plain(/*to_rest=*/true);
     B.work = comm_.allreduce_sum_async(B.p_buffer, what + " [PowerSGD P]");
     B.rest_work = comm_.allreduce_sum_async(B.rest, what + " [uncompressed part]");
   } else {
@@ -247,7 +259,6 @@ at::Tensor GradSync::finish() {
   while (next_launch_ < buckets_.size()) launch(next_launch_++);
   const auto start = std::chrono::steady_clock::now();
   const double world = static_cast<double>(comm_.world_size());
-  const int64_t rank = options_.powersgd_rank;
   // First pass: wait; finish the single-round formats; PowerSGD: orthonormalise P,
   // compute Q = M^T P and launch its all-reduce.
   for (auto& bp : buckets_) {
@@ -261,21 +272,11 @@ at::Tensor GradSync::finish() {
       B.buffer.copy_(sum);
     } else if (B.powersgd) {
       B.rest_work.wait();
-      int64_t at = 0;
-      for (size_t i : B.plain) {
-        const auto n = params_[B.tensors[i]].numel();
-        B.buffer.narrow(0, B.offsets[i], n).copy_(B.rest.narrow(0, at, n));
-        at += n;
-      }
-      for (size_t k = 0; k < B.compressed.size(); ++k) {
-        const size_t i = B.compressed[k];
-        const auto& p = params_[B.tensors[i]];
-        const int64_t n = p.size(0), m = p.numel() / n;
-        auto P = B.p_buffer.narrow(0, B.p_offsets[k], n * rank).view({n, rank});
+      B.copy_plain(/*to_rest=*/false);
+      for (const auto& f : B.factors) {
+        auto P = B.P(f), Q = B.Q(f);
         orthonormalize(P);
-        auto M = B.buffer.narrow(0, B.offsets[i], n * m).view({n, m});
-        auto Q = B.q_buffer.narrow(0, B.q_offsets[k], m * rank).view({m, rank});
-        torch::mm_out(Q, M.t(), P);
+        torch::mm_out(Q, B.M(f).t(), P);
       }
       B.q_work = comm_.allreduce_sum_async(B.q_buffer, "PowerSGD Q all-reduce (step " + std::to_string(step_) + ")");
     }
@@ -285,18 +286,12 @@ at::Tensor GradSync::finish() {
     auto& B = *bp;
     if (!B.powersgd) continue;
     B.q_work.wait();
-    for (size_t k = 0; k < B.compressed.size(); ++k) {
-      const size_t i = B.compressed[k];
-      const size_t t = B.tensors[i];
-      const auto& p = params_[t];
-      const int64_t n = p.size(0), m = p.numel() / n;
-      auto P = B.p_buffer.narrow(0, B.p_offsets[k], n * rank).view({n, rank});
-      auto Q = B.q_buffer.narrow(0, B.q_offsets[k], m * rank).view({m, rank});
-      auto M = B.buffer.narrow(0, B.offsets[i], n * m).view({n, m});
-      auto approx = torch::mm(P, Q.t());
-      power_[t].error.copy_(M).sub_(approx, 1.0 / world);
+    for (const auto& f : B.factors) {
+      auto M = B.M(f), Q = B.Q(f);
+      auto approx = torch::mm(B.P(f), Q.t());
+      power_[f.tensor].error.copy_(M).sub_(approx, 1.0 / world);
       M.copy_(approx);
-      power_[t].q.copy_(Q);  // warm start of the next step
+      power_[f.tensor].q.copy_(Q);  // warm start of the next step
     }
   }
   at::Tensor side;
