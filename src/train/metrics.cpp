@@ -58,9 +58,13 @@ void MetricsWriter::write_step(const StepMetrics& m) {
   write(j);
 }
 
-void MetricsWriter::write_telemetry(int64_t step, const telemetry::Sample& sample) {
+void MetricsWriter::write_telemetry(int64_t step, const telemetry::Sample& sample, int64_t rank) {
+  write_telemetry(step, telemetry::to_json(sample), rank);
+}
+
+void MetricsWriter::write_telemetry(int64_t step, const nlohmann::ordered_json& fields, int64_t rank) {
   nlohmann::ordered_json j = {{"step", step}, {"event", "telemetry"}};
-  const auto fields = telemetry::to_json(sample);  // items() must not outlive it
+  if (rank >= 0) j["rank"] = rank;
   for (auto& [key, value] : fields.items()) j[key] = value;
   write(j);
 }

@@ -104,23 +104,15 @@ TrainResult Trainer::run_steps() {
   };
   auto drain_telemetry = [&](int64_t step) {
     if (!s_->sampler) return;
-    if (!s_->comm) {
-      for (const auto& sample : s_->sampler->drain()) metrics.write_telemetry(step, sample);
-      return;
-    }
     // Every rank's samples reach rank 0's metrics through the store, tagged with the rank.
     if (!main_rank) {
       for (const auto& sample : s_->sampler->drain()) s_->comm->publish("telemetry", telemetry::to_json(sample).dump());
       return;
     }
-    auto write = [&](int64_t rank, const nlohmann::ordered_json& fields) {
-      nlohmann::ordered_json j = {{"step", step}, {"event", "telemetry"}, {"rank", rank}};
-      for (auto it = fields.begin(); it != fields.end(); ++it) j[it.key()] = it.value();
-      metrics.write(j);
-    };
-    for (const auto& sample : s_->sampler->drain()) write(0, telemetry::to_json(sample));
+    for (const auto& sample : s_->sampler->drain()) metrics.write_telemetry(step, sample, s_->comm ? 0 : -1);
+    if (!s_->comm) return;
     for (const auto& [rank, payload] : s_->comm->collect("telemetry"))
-      write(rank, nlohmann::ordered_json::parse(payload));
+      metrics.write_telemetry(step, nlohmann::ordered_json::parse(payload), rank);
   };
 
   const int64_t tokens_per_step = c.batch.global_batch * c.data.seq_len;

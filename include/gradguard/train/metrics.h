@@ -44,8 +44,11 @@ class MetricsWriter {
 
   void write_step(const StepMetrics& m);
   void write_validation(int64_t step, double val_loss);
-  // {"step": step, "event": "telemetry", ...the sample's fields} (telemetry::to_json).
-  void write_telemetry(int64_t step, const telemetry::Sample& sample);
+  // {"step": step, "event": "telemetry", ...the sample's fields} (telemetry::to_json);
+  // with rank >= 0 (a data-parallel run) also "rank" after "event".
+  void write_telemetry(int64_t step, const telemetry::Sample& sample, int64_t rank = -1);
+  // The same line from a sample already in JSON form (another rank's, sent as text).
+  void write_telemetry(int64_t step, const nlohmann::ordered_json& fields, int64_t rank = -1);
   void write(const nlohmann::ordered_json& line);  // any other event line
   std::vector<std::string> recent() const { return {recent_.begin(), recent_.end()}; }  // oldest first
 
