@@ -104,11 +104,15 @@ class DataParallel : public ::testing::Test {
            " --set eval.every=0 --set checkpoint.every=0 --set log.progress=lines --set log.every=1000 --set telemetry.period_ms=200 " +
            extra;
   }
-  // Runs `args` as two ranks; returns their exit codes, logs in rank0.log / rank1.log.
-  std::pair<int, int> run_two(const std::string& args, const std::string& rank1_extra = "", double timeout_s = 120) {
+  // Starts `args` as two ranks on a free port, logs in rank0.log / rank1.log.
+  std::pair<Child, Child> start_two(const std::string& args, const std::string& rank1_extra = "") {
     const int port = dist::free_tcp_port("127.0.0.1");
-    auto r0 = spawn(dir_.path(), rank_env(0, 2, port), args, dir_.file("rank0.log"));
-    auto r1 = spawn(dir_.path(), rank_env(1, 2, port), args + " " + rank1_extra, dir_.file("rank1.log"));
+    return {spawn(dir_.path(), rank_env(0, 2, port), args, dir_.file("rank0.log")),
+            spawn(dir_.path(), rank_env(1, 2, port), args + " " + rank1_extra, dir_.file("rank1.log"))};
+  }
+  // Runs `args` as two ranks; returns their exit codes.
+  std::pair<int, int> run_two(const std::string& args, const std::string& rank1_extra = "", double timeout_s = 120) {
+    auto [r0, r1] = start_two(args, rank1_extra);
     const int c0 = wait_for(r0, timeout_s), c1 = wait_for(r1, timeout_s);
     return {c0, c1};
   }
@@ -209,10 +213,7 @@ TEST_F(DataParallel, AnInfOnOneRankMakesEveryRankSkipTheSameStep) {
 }
 
 TEST_F(DataParallel, AKilledRankIsNamedByTheSurvivorWithinTheTimeout) {
-  const int port = dist::free_tcp_port("127.0.0.1");
-  const std::string args = train_args("killed", 100000, "--set dist.timeout_s=20");
-  auto r0 = spawn(dir_.path(), rank_env(0, 2, port), args, dir_.file("rank0.log"));
-  auto r1 = spawn(dir_.path(), rank_env(1, 2, port), args, dir_.file("rank1.log"));
+  auto [r0, r1] = start_two(train_args("killed", 100000, "--set dist.timeout_s=20"));
   // Wait until training is under way (rank 0 has written some steps).
   wait_for_steps("killed", 5);
   ASSERT_EQ(kill(r1.pid, SIGKILL), 0);
@@ -227,10 +228,7 @@ TEST_F(DataParallel, AKilledRankIsNamedByTheSurvivorWithinTheTimeout) {
 }
 
 TEST_F(DataParallel, WhenRankZeroDiesTheOtherSaysTheStoreIsGone) {
-  const int port = dist::free_tcp_port("127.0.0.1");
-  const std::string args = train_args("killed0", 100000, "--set dist.timeout_s=20");
-  auto r0 = spawn(dir_.path(), rank_env(0, 2, port), args, dir_.file("rank0.log"));
-  auto r1 = spawn(dir_.path(), rank_env(1, 2, port), args, dir_.file("rank1.log"));
+  auto [r0, r1] = start_two(train_args("killed0", 100000, "--set dist.timeout_s=20"));
   wait_for_steps("killed0", 5);
   ASSERT_EQ(kill(r0.pid, SIGKILL), 0);
   const int c1 = wait_for(r1, 30);
