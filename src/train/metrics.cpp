@@ -1,8 +1,11 @@
 // JSON-lines metrics. Non-finite numbers (a diverged loss) are written as null, since
-// JSON has no NaN or Infinity, and readers must not choke on a line.
+// JSON has no NaN or Infinity, and readers must not choke on a line. With TensorBoard on,
+// each line's scalars follow into the event file right after the line itself, so the
+// two never disagree about what was recorded.
 #include "gradguard/train/metrics.h"
 
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -10,19 +13,25 @@
 
 #include "gradguard/core/error.h"
 #include "gradguard/core/json_number.h"
+#include "gradguard/report/tensorboard.h"
 
 namespace gradguard::train {
 
-MetricsWriter::MetricsWriter(const std::string& path, size_t keep_recent) : path_(path), keep_recent_(keep_recent) {
+MetricsWriter::MetricsWriter(const std::string& path, size_t keep_recent, bool tensorboard)
+    : path_(path), keep_recent_(keep_recent) {
   if (path.empty()) return;  // discard: ranks other than 0 of a distributed run
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  const auto dir = std::filesystem::path(path).parent_path();
+  std::filesystem::create_directories(dir);
   file_ = std::fopen(path.c_str(), "a");
   if (file_ == nullptr) throw runtime_error(path, std::string("cannot open for appending: ") + std::strerror(errno));
+  if (tensorboard) events_ = std::make_unique<report::EventWriter>(dir.empty() ? "." : dir.string());
 }
+
+std::string MetricsWriter::events_path() const { return events_ ? events_->path() : ""; }
 
 MetricsWriter::~MetricsWriter() {
   if (file_ != nullptr) std::fclose(file_);
-}
+}  // events_ flushes and closes itself
 
 void MetricsWriter::write(const nlohmann::ordered_json& line) {
   std::string text = line.dump();
@@ -34,6 +43,14 @@ void MetricsWriter::write(const nlohmann::ordered_json& line) {
   text += "\n";
   if (std::fwrite(text.data(), 1, text.size(), file_) != text.size() || std::fflush(file_) != 0)
     throw runtime_error(path_, std::string("write failed: ") + std::strerror(errno));
+  if (events_) {
+    // Telemetry carries its own sampling time; everything else happens now.
+    const auto t = line.find("unix_time");
+    const double wall = t != line.end() && t->is_number()
+                            ? t->get<double>()
+                            : std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    events_->add_metrics_line(line, wall);
+  }
 }
 
 void MetricsWriter::write_step(const StepMetrics& m) {

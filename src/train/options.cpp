@@ -42,8 +42,9 @@ void CheckpointOptions::validate() const {
 
 void LogOptions::validate() const {
   at_least(every, 1, "log.every");
-  if (progress != "auto" && progress != "bar" && progress != "lines" && progress != "none")
-    throw bad_input("log.progress", "'" + progress + "' is not valid (valid: auto, bar, lines, none)");
+  if (progress != "auto" && progress != "bar" && progress != "lines" && progress != "jsonl" && progress != "quiet" &&
+      progress != "none")
+    throw bad_input("log.progress", "'" + progress + "' is not valid (valid: auto, bar, lines, jsonl, quiet)");
 }
 
 }  // namespace gradguard::train

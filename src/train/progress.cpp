@@ -1,9 +1,16 @@
-// Progress rendering. ETA is remaining steps x the mean step time so far.
+// Progress rendering. The ETA multiplies the remaining steps by an exponential moving
+// average (weight 0.1) of the seconds per step measured in this process: after a resume
+// the earlier wall time is not in elapsed_s's origin, and a run that slows down (a busy
+// machine, longer evaluations) shows it within a few dozen steps.
 #include "gradguard/train/progress.h"
 
 #include <unistd.h>
 
 #include <cmath>
+
+#include <nlohmann/json.hpp>
+
+#include "gradguard/core/json_number.h"
 
 namespace gradguard::train {
 
@@ -21,18 +28,46 @@ std::string format_duration(double seconds) {
 
 Progress::Progress(const std::string& mode, int64_t total_steps, int64_t every, std::FILE* out)
     : total_(total_steps), every_(every), out_(out) {
-  quiet_ = mode == "none";
+  quiet_ = mode == "none" || mode == "quiet";
+  json_ = mode == "jsonl";
   bar_ = mode == "bar" || (mode == "auto" && isatty(fileno(out)));
 }
 
-void Progress::step(const StepMetrics& m) {
+double Progress::eta_seconds(const StepMetrics& m) {
+  const double remaining = static_cast<double>(total_ - (m.step + 1));
+  if (last_step_ >= 0 && m.step > last_step_) {
+    const double per_step = (m.elapsed_s - last_elapsed_) / static_cast<double>(m.step - last_step_);
+    step_s_ = step_s_ < 0 ? per_step : 0.9 * step_s_ + 0.1 * per_step;
+  } else if (last_step_ < 0 && m.step >= 0) {
+    step_s_ = m.elapsed_s;  // the first step: its own time is the only estimate
+  }
+  last_step_ = m.step;
+  last_elapsed_ = m.elapsed_s;
+  return step_s_ < 0 ? std::nan("") : step_s_ * remaining;
+}
+
+void Progress::step(const StepMetrics& m, int64_t anomalies) {
   if (quiet_) return;
   const int64_t done = m.step + 1;
-  const double eta = m.elapsed_s / done * (total_ - done);
-  char stats[256];
-  std::snprintf(stats, sizeof stats, "step %lld/%lld | loss %.4f | lr %.3e | grad_norm %.3f%s | %.0f tok/s | ETA %s",
-                (long long)done, (long long)total_, m.loss, m.lr, m.grad_norm, m.skipped ? " (skipped)" : "",
-                m.tokens_per_s, format_duration(eta).c_str());
+  const double eta = eta_seconds(m);
+  if (json_) {
+    nlohmann::ordered_json j = {{"step", m.step},           {"total_steps", total_},
+                                {"loss", json_number(m.loss)}, {"lr", json_number(m.lr)},
+                                {"grad_norm", json_number(m.grad_norm)}, {"loss_scale", json_number(m.loss_scale)},
+                                {"skipped", m.skipped},     {"tokens_per_s", json_number(m.tokens_per_s)},
+                                {"anomalies", anomalies},   {"eta_s", json_number(eta)}};
+    std::fprintf(out_, "%s\n", j.dump().c_str());
+    std::fflush(out_);
+    return;
+  }
+  char scale[48] = "", anomaly[40] = "";
+  if (m.loss_scale != 1) std::snprintf(scale, sizeof scale, " | scale %.6g", m.loss_scale);
+  if (anomalies > 0) std::snprintf(anomaly, sizeof anomaly, " | %lld anomal%s", (long long)anomalies,
+                                   anomalies == 1 ? "y" : "ies");
+  char stats[320];
+  std::snprintf(stats, sizeof stats, "step %lld/%lld | loss %.4f | lr %.3e | grad_norm %.3f%s%s | %.0f tok/s%s | ETA %s",
+                (long long)done, (long long)total_, m.loss, m.lr, m.grad_norm, m.skipped ? " (skipped)" : "", scale,
+                m.tokens_per_s, anomaly, format_duration(eta).c_str());
   if (bar_) {
     const int width = 24;
     int filled = static_cast<int>(width * done / std::max<int64_t>(total_, 1));
@@ -48,6 +83,11 @@ void Progress::step(const StepMetrics& m) {
 
 void Progress::line(const std::string& text) {
   if (quiet_) return;
+  if (json_) {
+    std::fprintf(out_, "%s\n", nlohmann::ordered_json{{"message", text}}.dump().c_str());
+    std::fflush(out_);
+    return;
+  }
   if (bar_open_) std::fprintf(out_, "\r\033[K");
   std::fprintf(out_, "%s\n", text.c_str());
   bar_open_ = false;

@@ -19,6 +19,7 @@
 #include "gradguard/core/fs.h"
 #include "gradguard/optim/optimizer.h"
 #include "gradguard/optim/schedule.h"
+#include "gradguard/report/html_report.h"
 #include "gradguard/train/progress.h"
 #include "gradguard/train/step.h"
 #include "trainer_internal.h"
@@ -27,12 +28,28 @@ namespace gradguard::train {
 using Clock = std::chrono::steady_clock;
 
 TrainResult Trainer::run() {
+  TrainResult result;
   try {
-    return run_steps();
+    result = run_steps();
   } catch (const std::exception& e) {
     // The other ranks quote this when their next collective fails.
     if (s_->comm) s_->comm->report_failure(e.what());
+    write_report();  // a halted or failed run is the one most worth looking at
     throw;
+  }
+  result.report = write_report();
+  return result;
+}
+
+// report.html on rank 0 when log.report is on. A report that cannot be written is a
+// warning: the run itself succeeded, and `gradguard report RUN_DIR` can retry.
+std::string Trainer::write_report() {
+  if (!s_->cfg.log.report || !s_->main_rank()) return "";
+  try {
+    return report::write_html_report(s_->run_dir);
+  } catch (const std::exception& e) {
+    std::fprintf(s_->out, "warning: report.html not written: %s\n", e.what());
+    return "";
   }
 }
 
@@ -46,7 +63,7 @@ TrainResult Trainer::run_steps() {
   const optim::LrSchedule schedule(s_->peak_lr, schedule_options);
   // Only rank 0 writes the run directory; the others keep recent lines in memory only.
   MetricsWriter metrics(main_rank ? s_->run_dir + "/metrics.jsonl" : "",
-                        static_cast<size_t>(c.guard.snapshot.history));
+                        static_cast<size_t>(c.guard.snapshot.history), c.log.tensorboard);
   s_->metrics = &metrics;
   struct MetricsReset {  // s_->metrics must not outlive `metrics`, exceptions included
     State* s;
@@ -308,7 +325,7 @@ TrainResult Trainer::run_steps() {
     m.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
     metrics.write_step(m);
     drain_telemetry(step);
-    progress.step(m);
+    progress.step(m, result.anomalies);
     if (step == s_->start_step) result.first_loss = m.loss;
     result.final_loss = m.loss;
     result.steps = step + 1;

@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -64,6 +65,30 @@ TEST_F(Cli, TrainWritesTheRunDirectory) {
   }
   EXPECT_EQ(steps, 6);
   EXPECT_EQ(vals, 3);  // before training, after step 3, at the end
+  // The run ends with its report (log.report), named in the summary.
+  EXPECT_TRUE(std::filesystem::exists(run + "/report.html"));
+  EXPECT_THAT(r.output, HasSubstr("report      runs/tiny/report.html"));
+  // log.tensorboard: a live event file beside metrics.jsonl, read back by the
+  // independent reader (CRC-checked) with every step's loss.
+  std::string events;
+  for (const auto& e : std::filesystem::directory_iterator(run))
+    if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) events = e.path().string();
+  ASSERT_FALSE(events.empty());
+  std::FILE* pipe = ::popen(("/usr/bin/python3 '" + test::source_path("tests/report/read_tfevents.py") + "' '" +
+                             events + "'").c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string text;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, pipe)) text += buf;
+  ASSERT_EQ(::pclose(pipe), 0) << text;
+  int loss_points = 0, val_points = 0;
+  const auto scalars = nlohmann::json::parse(text)["scalars"];
+  for (const auto& sc : scalars) {
+    loss_points += sc["tag"] == "train/loss";
+    val_points += sc["tag"] == "val/loss";
+  }
+  EXPECT_EQ(loss_points, 6);
+  EXPECT_EQ(val_points, 3);
   auto lines = metrics("tiny");
   EXPECT_NEAR(lines[1]["lr"].get<double>(), 3e-3 / 2, 1e-12);  // warmup step 0: lr * 1/W
 
@@ -75,6 +100,45 @@ TEST_F(Cli, TrainWritesTheRunDirectory) {
   EXPECT_EQ(opts.hidden_size, 32);
   model::LlamaForCausalLM m(opts);
   EXPECT_NO_THROW(checkpoint::load_hf_weights(run + "/checkpoints/step-0000006", *m));
+}
+
+TEST_F(Cli, JsonModePrintsOnlyJsonLines) {
+  auto r = run_cli(train_args("--json --set log.report=false"), dir_.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::istringstream lines(r.output);
+  std::string line;
+  int steps = 0, messages = 0;
+  nlohmann::json last;
+  while (std::getline(lines, line)) {
+    ASSERT_NO_THROW(last = nlohmann::json::parse(line)) << "not JSON: " << line;
+    if (last.contains("message")) ++messages;
+    if (last.contains("eta_s")) {
+      EXPECT_EQ(last["step"], steps);
+      for (const char* key : {"loss", "lr", "grad_norm", "loss_scale", "tokens_per_s", "anomalies", "total_steps"})
+        EXPECT_TRUE(last.contains(key)) << key << " missing in " << line;
+      ++steps;
+    }
+  }
+  EXPECT_EQ(steps, 6);
+  EXPECT_GE(messages, 1);  // the header line
+  ASSERT_TRUE(last.contains("summary")) << last.dump();
+  EXPECT_EQ(last["summary"]["steps"], 6);
+  EXPECT_EQ(last["summary"]["report"], "");  // log.report=false
+  EXPECT_FALSE(std::filesystem::exists(dir_.file("runs/tiny/report.html")));
+}
+
+TEST_F(Cli, QuietModePrintsOnlyTheSummary) {
+  auto r = run_cli(train_args("--quiet"), dir_.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, ::testing::Not(HasSubstr("step 1/6")));
+  EXPECT_THAT(r.output, ::testing::Not(HasSubstr("gradguard 0.")));  // no header
+  EXPECT_THAT(r.output, HasSubstr("summary: 6 steps"));
+  r = run_cli(train_args("--quiet --json"), dir_.path());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--quiet/--json"));
+  r = run_cli(train_args("--set log.progress=loud"), dir_.path());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("log.progress"));
 }
 
 TEST_F(Cli, DynamicScalerSkipsInjectedOverflowsAndBacksOff) {

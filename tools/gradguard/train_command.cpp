@@ -8,6 +8,7 @@
 #include "gradguard/config/config.h"
 #include "gradguard/core/error.h"
 #include "gradguard/core/fs.h"
+#include "gradguard/core/json_number.h"
 #include "gradguard/train/progress.h"
 #include "gradguard/train/trainer.h"
 
@@ -30,6 +31,28 @@ std::string newest_run(const std::string& runs_dir) {
   if (best.empty()) throw bad_input("--resume auto", "no run under '" + runs_dir + "' has a checkpoint");
   return best;
 }
+
+// The summary as one JSON object for scripts (--json): {"summary": {...}}.
+nlohmann::ordered_json summary_json(const train::TrainResult& r) {
+  return {{"summary",
+           {{"steps", r.steps},
+            {"elapsed_s", json_number(r.elapsed_s)},
+            {"tokens_per_s", json_number(r.tokens_per_s)},
+            {"world_size", r.world_size},
+            {"resumed_from", r.resumed_from >= 0 ? nlohmann::ordered_json(r.resumed_from) : nlohmann::ordered_json()},
+            {"skipped_steps", r.skipped_steps},
+            {"first_loss", json_number(r.first_loss)},
+            {"final_loss", json_number(r.final_loss)},
+            {"initial_val_loss", json_number(r.initial_val_loss)},
+            {"final_val_loss", json_number(r.final_val_loss)},
+            {"anomalies", r.anomalies},
+            {"recovery_actions", r.recovery_actions},
+            {"rollbacks", r.rollbacks},
+            {"snapshots", r.snapshots},
+            {"run_dir", r.run_dir},
+            {"checkpoint", r.checkpoint_dir},
+            {"report", r.report}}}};
+}
 }  // namespace
 
 void add_train_command(CLI::App& app, Action& action) {
@@ -38,16 +61,24 @@ void add_train_command(CLI::App& app, Action& action) {
   auto sets = std::make_shared<std::vector<std::string>>();
   auto name = std::make_shared<std::string>();
   auto resume = std::make_shared<std::string>();
+  auto quiet = std::make_shared<bool>(false);
+  auto json = std::make_shared<bool>(false);
   cmd->add_option("-c,--config", *path, "YAML configuration file (default: built-in)");
   cmd->add_option("-s,--set", *sets, "Override: key.path=value (value read as YAML); repeatable");
   cmd->add_option("-n,--name", *name, "Run name (same as --set run.name=NAME)");
   cmd->add_option("-r,--resume", *resume,
                   "Continue RUN_DIR from its newest good checkpoint ('auto': the newest run under run.dir); "
                   "its config.yaml is the base configuration unless --config is given");
-  cmd->callback([&action, path, sets, name, resume] {
-    action = [path, sets, name, resume] {
+  cmd->add_flag("-q,--quiet", *quiet, "No progress; only the summary and errors (log.progress=quiet)");
+  cmd->add_flag("--json", *json,
+                "One JSON object per step, per message and for the summary on stdout (log.progress=jsonl)");
+  cmd->callback([&action, path, sets, name, resume, quiet, json] {
+    action = [path, sets, name, resume, quiet, json] {
+      if (*quiet && *json) throw bad_input("--quiet/--json", "choose one of the two");
       auto overrides = *sets;
       if (!name->empty()) overrides.push_back("run.name=" + *name);
+      if (*quiet) overrides.push_back("log.progress=quiet");
+      if (*json) overrides.push_back("log.progress=jsonl");
       std::string run_dir;
       std::string config_path = *path;
       if (!resume->empty()) {
@@ -66,9 +97,15 @@ void add_train_command(CLI::App& app, Action& action) {
         overrides.push_back("run.dir=" + (p.has_parent_path() ? p.parent_path().string() : std::string(".")));
         overrides.push_back("run.name=" + p.filename().string());
       }
-      train::Trainer trainer(config::load_config(config_path, overrides), stdout, run_dir);
+      auto cfg = config::load_config(config_path, overrides);
+      const bool json_summary = cfg.log.progress == "jsonl";
+      train::Trainer trainer(std::move(cfg), stdout, run_dir);
       auto r = trainer.run();
       if (r.rank != 0) return 0;  // rank 0 reports for the run
+      if (json_summary) {
+        std::printf("%s\n", summary_json(r).dump().c_str());
+        return 0;
+      }
       std::printf("\nsummary: %lld steps in %s (%.0f tokens/s%s), %lld skipped%s\n", (long long)r.steps,
                   train::format_duration(r.elapsed_s).c_str(), r.tokens_per_s,
                   r.world_size > 1 ? (" over " + std::to_string(r.world_size) + " ranks").c_str() : "",
@@ -81,6 +118,7 @@ void add_train_command(CLI::App& app, Action& action) {
                   (long long)r.anomalies, (long long)r.recovery_actions, (long long)r.rollbacks,
                   (long long)r.snapshots, r.last_snapshot.empty() ? "" : ", newest ", r.last_snapshot.c_str());
       std::printf("  run dir     %s\n  checkpoint  %s\n", r.run_dir.c_str(), r.checkpoint_dir.c_str());
+      if (!r.report.empty()) std::printf("  report      %s\n", r.report.c_str());
       return 0;
     };
   });

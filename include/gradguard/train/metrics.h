@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <deque>
 #include <limits>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,6 +13,10 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "gradguard/telemetry/telemetry.h"
+
+namespace gradguard::report {
+class EventWriter;
+}
 
 namespace gradguard::train {
 
@@ -37,7 +42,10 @@ class MetricsWriter {
   // Opens `path` for appending ("" = write nothing, keep only recent()). Throws
   // gradguard::Error naming the path on failure.
   // `keep_recent`: how many of the last lines recent() returns (for snapshots).
-  explicit MetricsWriter(const std::string& path, size_t keep_recent = 0);
+  // `tensorboard`: also write every line's scalars into a new TensorBoard event file
+  // beside `path` (report/tensorboard.h has the tag mapping), flushed per line so
+  // `tensorboard --logdir runs` follows the run live.
+  explicit MetricsWriter(const std::string& path, size_t keep_recent = 0, bool tensorboard = false);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
@@ -51,12 +59,14 @@ class MetricsWriter {
   void write_telemetry(int64_t step, const nlohmann::ordered_json& fields, int64_t rank = -1);
   void write(const nlohmann::ordered_json& line);  // any other event line
   std::vector<std::string> recent() const { return {recent_.begin(), recent_.end()}; }  // oldest first
+  std::string events_path() const;  // the TensorBoard event file ("" = none)
 
  private:
   std::string path_;
   std::FILE* file_ = nullptr;
   size_t keep_recent_ = 0;
   std::deque<std::string> recent_;  // [last keep_recent_ lines] without the newline
+  std::unique_ptr<report::EventWriter> events_;  // null without tensorboard
 };
 
 }  // namespace gradguard::train

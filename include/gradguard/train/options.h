@@ -43,7 +43,9 @@ struct CheckpointOptions {
 
 struct LogOptions {
   int64_t every = 10;          // plain progress line every N steps (bar mode redraws every step)
-  std::string progress = "auto";  // auto (bar on a terminal, lines otherwise) | bar | lines | none
+  std::string progress = "auto";  // auto (bar on a terminal, lines otherwise) | bar | lines | jsonl | quiet
+  bool report = true;             // write report.html into the run directory when the run ends (or halts)
+  bool tensorboard = true;        // write TensorBoard events.out.tfevents.* into the run directory, live
   void validate() const;
 };
 

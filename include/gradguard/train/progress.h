@@ -1,6 +1,12 @@
-// The human progress display: on a terminal a bar redrawn in place with step, loss, lr,
-// gradient norm, tokens/s and ETA; elsewhere (a log file, CI) a plain line every
-// log.every steps. Validation results and messages always get their own line.
+// The progress display, in one of four modes:
+//   bar    a line redrawn in place (a terminal): step, loss, lr, grad norm, loss scale
+//          (when scaling is on), tokens/s, anomaly count, ETA
+//   lines  the same fields as a plain line every log.every steps (a log file, CI)
+//   jsonl  one JSON object per step and per message on `out`, for scripts
+//   quiet  nothing (the caller still prints its summary); "none" is the same
+// "auto" picks bar on a terminal and lines elsewhere. Validation results and messages
+// get their own line (or object). The ETA comes from the steps this process ran (a
+// resumed run does not count the time before it) and follows the recent pace.
 #pragma once
 
 #include <cstdio>
@@ -12,18 +18,26 @@ namespace gradguard::train {
 
 class Progress {
  public:
-  // mode: auto | bar | lines | none (see LogOptions). Writes to `out`.
+  // mode: auto | bar | lines | jsonl | quiet | none (see LogOptions). Writes to `out`.
   Progress(const std::string& mode, int64_t total_steps, int64_t every, std::FILE* out = stdout);
-  void step(const StepMetrics& m);
+  // `anomalies`: anomaly events so far in this run (shown when > 0).
+  void step(const StepMetrics& m, int64_t anomalies = 0);
   void line(const std::string& text);  // a message on its own line
   void finish();                       // ends the bar line
+  bool json() const { return json_; }
 
  private:
+  double eta_seconds(const StepMetrics& m);
+
   bool bar_ = false;
   bool quiet_ = false;
+  bool json_ = false;
   bool bar_open_ = false;
   int64_t total_, every_;
   std::FILE* out_;
+  int64_t last_step_ = -1;      // previous step seen (-1: none yet)
+  double last_elapsed_ = 0;     // its elapsed_s
+  double step_s_ = -1;          // EMA of seconds per step (-1: no estimate yet)
 };
 
 // "1:02:03" / "4:05" for a duration in seconds.

@@ -16,6 +16,7 @@ namespace gradguard::train {
 struct TrainResult {
   std::string run_dir;
   std::string checkpoint_dir;   // the final checkpoint
+  std::string report;           // report.html written at the end ("" = log.report off, or not rank 0)
   int64_t steps = 0;            // optimizer steps completed (including those before a resume)
   int64_t resumed_from = -1;    // step the run resumed from; -1 for a fresh run
   int64_t skipped_steps = 0;    // optimizer updates not applied (overflows and anomalies)
@@ -55,6 +56,7 @@ class Trainer {
 
  private:
   TrainResult run_steps();
+  std::string write_report();  // report.html of the run so far; "" when off or not rank 0
   struct State;
   std::unique_ptr<State> s_;
 };
