@@ -18,5 +18,6 @@ void add_replay_command(CLI::App& app, Action& action);
 void add_bench_command(CLI::App& app, Action& action);
 void add_launch_command(CLI::App& app, Action& action);
 void add_report_command(CLI::App& app, Action& action);
+void add_doctor_command(CLI::App& app, Action& action);
 
 }  // namespace gradguard::cli
