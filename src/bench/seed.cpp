@@ -1,12 +1,10 @@
-// Each setup runs as a child `gradguard train` (posix_spawn + wait4), so its peak RSS
+// Each setup runs as a child `gradguard train` (bench/child_process.h), so its peak RSS
 // and CPU time are its own. The analysis reads only metrics.jsonl and config.yaml, so
 // the table can be recomputed from the run directories.
 #include "gradguard/bench/seed.h"
 
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
+#include "gradguard/bench/child_process.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,14 +18,11 @@
 #include <sstream>
 
 #include <nlohmann/json.hpp>
-#include <yaml-cpp/yaml.h>
 
 #include "gradguard/config/config.h"
 #include "gradguard/core/error.h"
 #include "gradguard/core/json_number.h"
 #include "gradguard/core/fs.h"
-
-extern char** environ;
 
 namespace gradguard::bench {
 namespace stdfs = std::filesystem;
@@ -44,61 +39,11 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// "a: {b: 1}" -> "a.b=1"; lists stay YAML flow sequences.
-void flatten(const YAML::Node& node, const std::string& prefix, std::vector<std::string>* out) {
-  if (node.IsMap()) {
-    for (const auto& kv : node) flatten(kv.second, prefix.empty() ? kv.first.Scalar() : prefix + "." + kv.first.Scalar(), out);
-    return;
-  }
-  YAML::Emitter e;
-  e << YAML::Flow << node;
-  out->push_back(prefix + "=" + e.c_str());
-}
-
 std::string first_comment(const std::string& path) {
   std::istringstream in(fs::read_file(path));
   for (std::string line; std::getline(in, line);)
     if (line.rfind("# ", 0) == 0) return line.substr(2);
   return "";
-}
-
-std::string tail_of(const std::string& path, size_t lines) {
-  if (!fs::exists(path)) return "";
-  std::istringstream in(fs::read_file(path));
-  std::vector<std::string> all;
-  for (std::string line; std::getline(in, line);) all.push_back(line);
-  std::string out;
-  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i) out += "  " + all[i] + "\n";
-  return out;
-}
-
-struct Child {
-  int exit_code = -1;
-  double wall_s = 0, cpu_s = 0, peak_rss_mb = 0;
-};
-
-Child run_child(const std::vector<std::string>& args, const std::string& log) {
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  pid_t pid = 0;
-  const auto start = std::chrono::steady_clock::now();
-  const int rc = posix_spawn(&pid, args[0].c_str(), &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) throw runtime_error(args[0], std::string("cannot start: ") + std::strerror(rc));
-  int status = 0;
-  struct rusage usage {};
-  if (wait4(pid, &status, 0, &usage) != pid) throw runtime_error(args[0], "wait4 failed");
-  Child c;
-  c.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  c.cpu_s = usage.ru_utime.tv_sec + usage.ru_utime.tv_usec * 1e-6 + usage.ru_stime.tv_sec + usage.ru_stime.tv_usec * 1e-6;
-  c.peak_rss_mb = static_cast<double>(usage.ru_maxrss) / 1024.0;  // KiB on Linux
-  return c;
 }
 
 std::string fmt(double v, const char* f = "%.3f") {
@@ -170,7 +115,7 @@ SeedReport run_seed_bench(const SeedOptions& o, std::FILE* progress) {
   if (fs::exists(o.out_dir + "/seed.json") && !o.overwrite)
     throw bad_input(o.out_dir, "already holds bench results; --force overwrites them");
   stdfs::create_directories(o.out_dir);
-  const std::string exe = o.executable.empty() ? stdfs::read_symlink("/proc/self/exe").string() : o.executable;
+  const std::string exe = o.executable.empty() ? self_executable() : o.executable;
 
   SeedReport report;
   report.mode = o.mode;
@@ -178,12 +123,7 @@ SeedReport run_seed_bench(const SeedOptions& o, std::FILE* progress) {
   for (const auto& ov : o.overrides) report.command += " --set " + ov;
   for (const auto& name : kSetups) {
     const std::string preset = o.presets_dir + "/" + name + ".yaml";
-    std::vector<std::string> overrides;
-    try {
-      flatten(YAML::LoadFile(preset), "", &overrides);
-    } catch (const YAML::Exception& e) {
-      throw bad_input(preset, std::string("not valid YAML: ") + e.what());
-    }
+    std::vector<std::string> overrides = yaml_overrides(preset);
     if (o.mode == "tiny") overrides.insert(overrides.end(), kTinyOverrides.begin(), kTinyOverrides.end());
     overrides.insert(overrides.end(), o.overrides.begin(), o.overrides.end());
     overrides.insert(overrides.end(), {"run.dir=" + o.out_dir, "run.name=" + name, "run.overwrite=true",
@@ -194,7 +134,7 @@ SeedReport run_seed_bench(const SeedOptions& o, std::FILE* progress) {
     for (const auto& ov : overrides) args.insert(args.end(), {"--set", ov});
     if (progress) std::fprintf(progress, "bench seed [%s]: %s ...\n", o.mode.c_str(), name.c_str()), std::fflush(progress);
     const std::string log = o.out_dir + "/" + name + ".log";
-    const Child child = run_child(args, log);
+    const ChildResult child = run_child(args, log);
     if (child.exit_code != 0 && child.exit_code != 3)
       throw runtime_error(log, "setup " + name + " failed with exit code " + std::to_string(child.exit_code) + ":\n" +
                                    tail_of(log, 8));

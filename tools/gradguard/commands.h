@@ -19,5 +19,6 @@ void add_bench_command(CLI::App& app, Action& action);
 void add_launch_command(CLI::App& app, Action& action);
 void add_report_command(CLI::App& app, Action& action);
 void add_doctor_command(CLI::App& app, Action& action);
+void add_tune_command(CLI::App& app, Action& action);
 
 }  // namespace gradguard::cli
