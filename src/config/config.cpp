@@ -38,7 +38,7 @@ std::vector<Field> fields(Config& c) {
       {"run", "dir", &c.run.dir, "parent directory of run directories"},
       {"run", "seed", &c.run.seed, "seed for weight init and data shuffling"},
       {"run", "device", &c.run.device, "cpu | auto | cuda | cuda:N"},
-      {"run", "threads", &c.run.threads, "intra-op threads; 0 = all cores (BLAS pinned to 1)"},
+      {"run", "threads", &c.run.threads, "intra-op threads; 0 = the CPUs this process may use (affinity, cgroup quota), split between ranks on a node; BLAS pinned to 1"},
       {"run", "overwrite", &c.run.overwrite, "allow reusing a run directory that holds a run"},
       {"model", "vocab_size", &c.model.vocab_size, "vocabulary size (256 for byte-level data)"},
       {"model", "hidden_size", &c.model.hidden_size, "model width"},

@@ -1,19 +1,77 @@
 // Looks up the BLAS thread setters at run time (dlsym), so one binary works with
-// whichever BLAS the system's LibTorch is linked against, and with none.
+// whichever BLAS the system's LibTorch is linked against, and with none. Counts the CPUs
+// a process may really use (affinity, cgroup quota), so a container or a `taskset` does
+// not get one thread per host core.
 #include "gradguard/core/threads.h"
 
 #include <dlfcn.h>
+#include <sched.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <thread>
 
 #include <ATen/Parallel.h>
 
 namespace gradguard {
+namespace {
+
+// CPUs allowed by a cgroup CPU quota; 0 without a quota.
+double cgroup_cpu_limit() {
+  const auto first_line = [](const std::string& path) {
+    std::ifstream in(path);
+    std::string line;
+    std::getline(in, line);
+    return line;
+  };
+  const std::string v2 = first_line("/sys/fs/cgroup/cpu.max");
+  if (!v2.empty()) {
+    std::istringstream in(v2);
+    std::string quota;
+    double period = 0;
+    if (in >> quota >> period && quota != "max" && period > 0) return std::strtod(quota.c_str(), nullptr) / period;
+    return 0;
+  }
+  for (const char* dir : {"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"}) {
+    const double q = std::strtod(first_line(std::string(dir) + "/cpu.cfs_quota_us").c_str(), nullptr);
+    const double p = std::strtod(first_line(std::string(dir) + "/cpu.cfs_period_us").c_str(), nullptr);
+    if (q > 0 && p > 0) return q / p;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int64_t usable_cpus() {
+  int64_t n = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) n = std::max(1, CPU_COUNT(&set));
+  if (const double quota = cgroup_cpu_limit(); quota > 0)
+    n = std::min<int64_t>(n, std::max<int64_t>(1, static_cast<int64_t>(std::ceil(quota))));
+  return n;
+}
+
+int64_t default_threads(int64_t requested, int64_t local_world_size) {
+  if (requested > 0) return requested;
+  // A launcher that pins each rank (Slurm --cpus-per-task, mpirun --bind-to, taskset)
+  // narrows the affinity mask: that mask is already this rank's share. Otherwise the
+  // node's CPUs (capped by a cgroup quota all ranks share) are split between its ranks.
+  const int64_t online = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const bool pinned = sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) < online;
+  if (pinned) return usable_cpus();
+  return std::max<int64_t>(1, usable_cpus() / std::max<int64_t>(1, local_world_size));
+}
 
 ThreadReport configure_threads(int64_t requested) {
   ThreadReport report;
-  int64_t n = requested > 0 ? requested : static_cast<int64_t>(std::thread::hardware_concurrency());
-  if (n < 1) n = 1;
+  const int64_t n = default_threads(requested);
   at::set_num_threads(static_cast<int>(n));
   report.intra_op = at::get_num_threads();
   struct Setter {

@@ -330,11 +330,7 @@ std::vector<Check> check_blas_and_threads(int64_t requested_threads, const HostF
   ThreadFacts f;
   f.blas_threads_at_start = read_blas().threads;
   // The trainer's policy (train/trainer_setup.cpp): ranks sharing a node split its CPUs.
-  int64_t threads = requested_threads;
-  if (threads == 0 && host.local_world_size > 1)
-    threads = std::max<int64_t>(
-        1, static_cast<int64_t>(std::thread::hardware_concurrency()) / host.local_world_size);
-  const ThreadReport report = configure_threads(threads);
+  const ThreadReport report = configure_threads(default_threads(requested_threads, host.local_world_size));
   const BlasFacts blas = read_blas();
   f.intra_op = report.intra_op;
   f.inter_op = at::get_num_interop_threads();

@@ -18,6 +18,7 @@
 
 #include "doctor_internal.h"
 #include "gradguard/core/allocator.h"
+#include "gradguard/core/threads.h"
 
 namespace gradguard::doctor {
 
@@ -31,34 +32,6 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-// CPUs allowed by a cgroup CPU quota (v2 cpu.max, else v1 cfs quota); 0 without a quota.
-double cgroup_cpu_limit() {
-  if (auto v2 = read_text("/sys/fs/cgroup/cpu.max")) {
-    std::istringstream in(*v2);
-    std::string quota;
-    double period = 0;
-    if (in >> quota >> period && quota != "max" && period > 0) return std::stod(quota) / period;
-    return 0;
-  }
-  for (const char* dir : {"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"}) {
-    auto quota = read_text(std::string(dir) + "/cpu.cfs_quota_us");
-    auto period = read_text(std::string(dir) + "/cpu.cfs_period_us");
-    if (quota && period) {
-      const double q = std::strtod(quota->c_str(), nullptr),
-                   p = std::strtod(period->c_str(), nullptr);
-      return q > 0 && p > 0 ? q / p : 0;
-    }
-  }
-  return 0;
-}
-
-int64_t affinity_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
-  return std::max<int64_t>(1, std::thread::hardware_concurrency());
-}
 
 // The first line of a /sys file, trimmed; empty when unreadable.
 std::string sys_value(const std::string& path) {
@@ -193,10 +166,7 @@ Check check_shm() {
 HostFacts read_host_facts(int64_t local_world_size) {
   HostFacts host;
   host.local_world_size = std::max<int64_t>(1, local_world_size);
-  host.cores = affinity_cpus();
-  if (const double quota = cgroup_cpu_limit(); quota > 0)
-    host.cores =
-        std::min<int64_t>(host.cores, std::max<int64_t>(1, static_cast<int64_t>(std::ceil(quota))));
+  host.cores = usable_cpus();
   std::set<std::string> with_ipv4;
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) == 0) {

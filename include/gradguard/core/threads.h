@@ -15,7 +15,19 @@ struct ThreadReport {
   bool blas_pinned = false; // the BLAS pool was set to 1 thread
 };
 
-// requested 0 = all cores. Safe to call more than once.
+// CPUs this process may use: its affinity mask, capped by a cgroup CPU quota (v2
+// cpu.max, else v1 cfs quota) rounded up. In a container limited to 4 CPUs of a
+// 128-core host this is 4, where hardware_concurrency() says 128.
+int64_t usable_cpus();
+
+// The intra-op thread count a process should use: `requested` when > 0; else, when a
+// launcher pinned this process to fewer CPUs than the node has, usable_cpus() (the pin is
+// its share); else usable_cpus() split between the `local_world_size` ranks of the node.
+// At least 1.
+int64_t default_threads(int64_t requested, int64_t local_world_size = 1);
+
+// Sets ATen's intra-op threads to default_threads(requested) and pins the BLAS pool to
+// one thread. Safe to call more than once.
 ThreadReport configure_threads(int64_t requested);
 
 }  // namespace gradguard

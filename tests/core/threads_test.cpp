@@ -1,0 +1,77 @@
+// The CPU thread policy: usable CPUs follow the affinity mask (what `taskset` and
+// container runtimes set), and ranks sharing a node split them.
+#include <gtest/gtest.h>
+
+#include <sched.h>
+
+#include <thread>
+
+#include <ATen/Parallel.h>
+
+#include "gradguard/core/threads.h"
+
+namespace gradguard {
+namespace {
+
+TEST(Threads, UsableCpusFollowTheAffinityMask) {
+  cpu_set_t saved;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(saved), &saved), 0);
+  const int64_t all = usable_cpus();
+  EXPECT_GE(all, 1);
+  EXPECT_LE(all, static_cast<int64_t>(std::thread::hardware_concurrency()));
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+    if (CPU_ISSET(cpu, &saved)) {
+      CPU_SET(cpu, &one);
+      break;
+    }
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+  const int64_t pinned = usable_cpus();
+  const int64_t threads = default_threads(0);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(saved), &saved), 0);  // restore before asserting
+  EXPECT_EQ(pinned, 1);
+  EXPECT_EQ(threads, 1);
+}
+
+TEST(Threads, APinnedRankKeepsItsWholeShare) {
+  // Two CPUs pinned (Slurm --cpus-per-task=2) with 4 ranks on the node: the pin is the
+  // share, so 2 threads, not 2 / 4.
+  cpu_set_t saved;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(saved), &saved), 0);
+  if (CPU_COUNT(&saved) < 2 || std::thread::hardware_concurrency() < 3)
+    GTEST_SKIP() << "needs a pin of 2 CPUs narrower than the machine (has " << CPU_COUNT(&saved) << " of "
+                 << std::thread::hardware_concurrency() << ")";
+  cpu_set_t two;
+  CPU_ZERO(&two);
+  for (int cpu = 0, n = 0; cpu < CPU_SETSIZE && n < 2; ++cpu)
+    if (CPU_ISSET(cpu, &saved)) CPU_SET(cpu, &two), ++n;
+  ASSERT_EQ(sched_setaffinity(0, sizeof(two), &two), 0);
+  const int64_t threads = default_threads(0, 4);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(saved), &saved), 0);
+  EXPECT_EQ(threads, 2);
+}
+
+TEST(Threads, UnpinnedRanksSplitTheNode) {
+  // This test process is not pinned (the whole machine): 2 ranks split it.
+  cpu_set_t mask;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(mask), &mask), 0);
+  if (CPU_COUNT(&mask) < static_cast<int>(std::thread::hardware_concurrency())) GTEST_SKIP() << "process is pinned";
+  const int64_t cpus = usable_cpus();
+  EXPECT_EQ(default_threads(3, 2), 3);  // an explicit request wins
+  EXPECT_EQ(default_threads(0, 1), cpus);
+  EXPECT_EQ(default_threads(0, 2), std::max<int64_t>(1, cpus / 2));
+  EXPECT_EQ(default_threads(0, 1000), 1);  // never zero
+}
+
+TEST(Threads, ConfigureThreadsSetsAtenAndPinsBlas) {
+  const int before = at::get_num_threads();
+  const ThreadReport r = configure_threads(1);
+  EXPECT_EQ(r.intra_op, 1);
+  EXPECT_EQ(at::get_num_threads(), 1);
+  if (r.blas != "unknown") EXPECT_TRUE(r.blas_pinned);
+  at::set_num_threads(before);
+}
+
+}  // namespace
+}  // namespace gradguard
