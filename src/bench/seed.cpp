@@ -23,6 +23,7 @@
 #include "gradguard/core/error.h"
 #include "gradguard/core/json_number.h"
 #include "gradguard/core/fs.h"
+#include "gradguard/report/html_report.h"
 
 namespace gradguard::bench {
 namespace stdfs = std::filesystem;
@@ -162,6 +163,18 @@ SeedReport run_seed_bench(const SeedOptions& o, std::FILE* progress) {
         break;
       }
   fs::write_file_atomic(o.out_dir + "/seed.md", report.markdown());
+  // Each setup's report carries the table and links to the other setups' reports.
+  report::HtmlReportOptions page;
+  page.appendix_title = "gradguard bench seed: all setups";
+  page.appendix_text = report.markdown();
+  for (const auto& r : report.setups) page.appendix_links.emplace_back(r.name, "../" + r.name + "/report.html");
+  for (const auto& r : report.setups) {
+    try {
+      report::write_html_report(o.out_dir + "/" + r.name, page);
+    } catch (const std::exception& e) {  // the table is the result; a page that fails is a note
+      if (progress) std::fprintf(progress, "warning: %s/report.html not written: %s\n", r.name.c_str(), e.what());
+    }
+  }
   fs::write_file_atomic(o.out_dir + "/seed.json", report.to_json().dump(2) + "\n");
   return report;
 }

@@ -263,9 +263,15 @@ const std::vector<VarRule>& rules() {
                  : "expected 0 or 1");
        }},
       {"HSA_XNACK",
-       just_info(
-           "GPU page-fault retry (unified memory) on: memory can be over-committed, at a cost "
-           "on some kernels")},
+       [](const std::string& var, const std::string& v, const HostFacts&) {
+         const std::string t = trim(v);
+         if (t == "0") return named(var, Status::kInfo, v, "GPU page-fault retry (XNACK) off: the default");
+         if (t == "1")
+           return named(var, Status::kInfo, v,
+                        "GPU page-fault retry (unified memory) on: memory can be over-committed, at a "
+                        "cost on some kernels");
+         return named(var, Status::kWarn, v, "expected 0 or 1");
+       }},
       {"AMD_LOG_LEVEL",
        [](const std::string& var, const std::string& v, const HostFacts&) {
          const int64_t n = trim(v) == "0" ? 0 : positive_int(v);

@@ -34,9 +34,22 @@ double number_or_nan(const Json& obj, const char* key) {
 
 Json to_json(double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); }
 
+// A clock that restarts with every process of a resumed run (elapsed_s, telemetry t_s)
+// made continuous: when it goes back, the next segment starts where the last one ended.
+struct SegmentClock {
+  double offset = 0, last = kNaN;
+  double continuous(double raw) {
+    if (!std::isfinite(raw)) return raw;
+    if (std::isfinite(last) && raw < last) offset += last;
+    last = raw;
+    return raw + offset;
+  }
+};
+
 // The kept trajectory of step lines: a step number at or below the last one means the
 // run rolled back (or resumed from an earlier checkpoint), so later entries replace it.
 struct StepColumns {
+  SegmentClock clock;
   static constexpr const char* kFields[] = {"loss",         "lr",       "grad_norm",    "clip_threshold",
                                             "clip_coef",    "loss_scale", "tokens_per_s", "elapsed_s",
                                             "noise_scale"};
@@ -60,6 +73,7 @@ struct StepColumns {
     if (!step.empty() && s <= step.back()) truncate_before(s);
     step.push_back(s);
     for (const char* f : kFields) columns[f].push_back(number_or_nan(line, f));
+    columns["elapsed_s"].back() = clock.continuous(columns["elapsed_s"].back());
     const auto sk = line.find("skipped");
     skipped.push_back(sk != line.end() && sk->is_boolean() && sk->get<bool>());
     const size_t row = step.size() - 1;
@@ -82,9 +96,11 @@ struct TelemetryColumns {
   std::vector<std::string> names;                     // first-seen order
   std::map<std::string, std::vector<double>> fields;  // [field][sample]
 
+  SegmentClock clock;
+
   void add(const Json& line) {
     static const char* kSkip[] = {"step", "event", "rank", "t_s", "unix_time", "gpu_count"};
-    t_s.push_back(number_or_nan(line, "t_s"));
+    t_s.push_back(clock.continuous(number_or_nan(line, "t_s")));
     const size_t row = t_s.size() - 1;
     for (const auto& [key, value] : line.items()) {
       if (std::find(std::begin(kSkip), std::end(kSkip), key) != std::end(kSkip)) continue;
@@ -340,6 +356,11 @@ nlohmann::ordered_json collect_report_data(const std::string& run_dir, const Htm
   const std::string config_path = run_dir + "/config.yaml";
   data["config"] = fs::exists(config_path) ? fs::read_file(config_path) : std::string();
   data["problems"] = problems;
+  if (!options.appendix_title.empty()) {
+    Json links = Json::array();
+    for (const auto& [label, href] : options.appendix_links) links.push_back(Json{{"label", label}, {"href", href}});
+    data["appendix"] = {{"title", options.appendix_title}, {"text", options.appendix_text}, {"links", links}};
+  }
   return data;
 }
 

@@ -22,9 +22,10 @@ MetricsWriter::MetricsWriter(const std::string& path, size_t keep_recent, bool t
   if (path.empty()) return;  // discard: ranks other than 0 of a distributed run
   const auto dir = std::filesystem::path(path).parent_path();
   std::filesystem::create_directories(dir);
+  // The event writer first: if it throws, no FILE* is open yet to leak.
+  if (tensorboard) events_ = std::make_unique<report::EventWriter>(dir.empty() ? "." : dir.string());
   file_ = std::fopen(path.c_str(), "a");
   if (file_ == nullptr) throw runtime_error(path, std::string("cannot open for appending: ") + std::strerror(errno));
-  if (tensorboard) events_ = std::make_unique<report::EventWriter>(dir.empty() ? "." : dir.string());
 }
 
 std::string MetricsWriter::events_path() const { return events_ ? events_->path() : ""; }

@@ -1,7 +1,8 @@
 // Progress rendering. The ETA multiplies the remaining steps by an exponential moving
-// average (weight 0.1) of the seconds per step measured in this process: after a resume
-// the earlier wall time is not in elapsed_s's origin, and a run that slows down (a busy
-// machine, longer evaluations) shows it within a few dozen steps.
+// average (weight 0.1) of the seconds per step measured in this process (after a resume
+// the earlier wall time is not in elapsed_s's origin, and a run that slows down shows it
+// within a few dozen steps), plus the time spent between steps (validation, checkpoints)
+// averaged over the steps seen so far.
 #include "gradguard/train/progress.h"
 
 #include <unistd.h>
@@ -35,15 +36,23 @@ Progress::Progress(const std::string& mode, int64_t total_steps, int64_t every, 
 
 double Progress::eta_seconds(const StepMetrics& m) {
   const double remaining = static_cast<double>(total_ - (m.step + 1));
+  // The step's own time when known (tokens / tokens_per_s), else the elapsed difference.
+  const double own = m.tokens > 0 && m.tokens_per_s > 0 ? static_cast<double>(m.tokens) / m.tokens_per_s : std::nan("");
   if (last_step_ >= 0 && m.step > last_step_) {
-    const double per_step = (m.elapsed_s - last_elapsed_) / static_cast<double>(m.step - last_step_);
+    const double span = m.elapsed_s - last_elapsed_;
+    const double per_step = std::isfinite(own) ? own : span / static_cast<double>(m.step - last_step_);
     step_s_ = step_s_ < 0 ? per_step : 0.9 * step_s_ + 0.1 * per_step;
-  } else if (last_step_ < 0 && m.step >= 0) {
-    step_s_ = m.elapsed_s;  // the first step: its own time is the only estimate
+    // Time between steps that is not step time (validation, checkpoints) is amortised over
+    // the steps seen, instead of entering the average as one very slow step.
+    overhead_s_ += std::max(0.0, span - (std::isfinite(own) ? own : span));
+    steps_seen_ += m.step - last_step_;
+  } else if (last_step_ < 0) {
+    step_s_ = std::isfinite(own) ? own : m.elapsed_s;  // the first step: its own time is the only estimate
   }
   last_step_ = m.step;
   last_elapsed_ = m.elapsed_s;
-  return step_s_ < 0 ? std::nan("") : step_s_ * remaining;
+  if (step_s_ < 0) return std::nan("");
+  return (step_s_ + (steps_seen_ > 0 ? overhead_s_ / static_cast<double>(steps_seen_) : 0.0)) * remaining;
 }
 
 void Progress::step(const StepMetrics& m, int64_t anomalies) {

@@ -48,7 +48,7 @@ std::string Trainer::write_report() {
   try {
     return report::write_html_report(s_->run_dir);
   } catch (const std::exception& e) {
-    std::fprintf(s_->out, "warning: report.html not written: %s\n", e.what());
+    std::fprintf(stderr, "warning: report.html not written: %s\n", e.what());  // stdout may be JSON lines
     return "";
   }
 }

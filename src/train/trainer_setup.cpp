@@ -94,11 +94,7 @@ Trainer::Trainer(config::Config config, std::FILE* out, const std::string& resum
   configure_allocator();
   // Ranks sharing a node share its cores: by default each takes its share, so ATen's
   // threads of one rank do not fight another's.
-  int64_t threads = c.run.threads;
-  if (threads == 0 && s_->env.local_world_size > 1)
-    threads = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()) /
-                                       s_->env.local_world_size);
-  s_->threads = configure_threads(threads);
+  s_->threads = configure_threads(default_threads(c.run.threads, s_->env.local_world_size));
   if (s_->env.distributed()) s_->comm = std::make_unique<dist::Communicator>(s_->env, c.dist, s_->device);
   torch::manual_seed(c.run.seed);
 
@@ -207,10 +203,14 @@ void Trainer::State::create_run_dir() {
   if (has_run && !c.run.overwrite)
     throw bad_input("run.name", "run directory '" + run_dir +
                                     "' already holds a run; choose another run.name or set run.overwrite=true");
-  if (has_run) {
+  if (has_run) {  // everything a run writes, so no output of the old run mixes with the new
     stdfs::remove(run_dir + "/metrics.jsonl");
     stdfs::remove_all(run_dir + "/checkpoints");
     stdfs::remove_all(run_dir + "/snapshots");
+    for (const char* f : {"report.html", "steps.csv", "telemetry.csv"}) stdfs::remove(run_dir + "/" + f);
+    std::error_code ec;
+    for (const auto& e : stdfs::directory_iterator(run_dir, ec))
+      if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) stdfs::remove(e.path(), ec);
   }
   stdfs::create_directories(run_dir);
   fs::write_file_atomic(run_dir + "/config.yaml", config::to_yaml(c));

@@ -111,6 +111,8 @@ TuneResult run_tune(const TuneOptions& o, std::FILE* progress) {
   const config::Config base = config::load_config(o.config_path, o.overrides);
   if (fs::exists(o.out_dir + "/tune.json") && !o.overwrite)
     throw bad_input(o.out_dir, "already holds tuning results; --force overwrites them");
+  for (const char* f : {"tune.md", "tune.json", "tune.yaml"})  // no stale result survives a --force run
+    std::filesystem::remove(o.out_dir + "/" + f);
   std::filesystem::create_directories(o.out_dir + "/probes");
   const std::string exe = o.executable.empty() ? bench::self_executable() : o.executable;
 
@@ -125,7 +127,8 @@ TuneResult run_tune(const TuneOptions& o, std::FILE* progress) {
   std::vector<std::string> common = o.overrides;
   common.insert(common.end(), {"schedule.total_steps=" + std::to_string(o.probe_steps), "eval.every=0",
                                "checkpoint.every=0", "log.progress=none", "log.report=false",
-                               "log.tensorboard=false", "run.overwrite=true", "run.dir=" + o.out_dir + "/probes"});
+                               "log.tensorboard=false", "run.overwrite=true", "run.dir=" + o.out_dir + "/probes",
+                               "optim.lr_scaling=none"});  // tune sets optim.lr itself
   if (needs_strategy) common.push_back("clip.strategy=global");
 
   TuneResult result;
@@ -155,13 +158,14 @@ TuneResult run_tune(const TuneOptions& o, std::FILE* progress) {
     p.exit_code = child.exit_code;
     p.wall_s = child.wall_s;
     const std::string metrics = o.out_dir + "/probes/" + p.name + "/metrics.jsonl";
-    if (!fs::exists(metrics)) {
-      if (child.exit_code == 2)  // the trainer rejected the input: not evidence, a mistake
-        throw bad_input(log, "probe " + p.name + " was rejected:\n" + bench::tail_of(log, 6));
-      p.final_loss = kNaN;
-      p.verdict = "exited with code " + std::to_string(child.exit_code) + " before its first step";
-    } else {
+    if (child.exit_code == 2)  // the trainer rejected the input: not evidence, a mistake
+      throw bad_input(log, "probe " + p.name + " was rejected:\n" + bench::tail_of(log, 6));
+    try {
       analyse_probe(metrics, &p);
+    } catch (const Error&) {  // no metrics, or no step completed (e.g. out of memory at step 0)
+      p.final_loss = kNaN;
+      p.stable = false;
+      p.verdict = "exited with code " + std::to_string(child.exit_code) + " before completing a step";
     }
     if (progress)
       std::fprintf(progress, " loss %s, clipped %.0f%%, %s (%.1f s)\n", num(p.final_loss).c_str(),
@@ -246,7 +250,8 @@ TuneResult run_tune(const TuneOptions& o, std::FILE* progress) {
   const double final_lr = base_lr * lr_scale * std::sqrt(static_cast<double>(batch) / static_cast<double>(start));
   result.recommendation = {"clip.max_norm=" + num(clip, "%.6g"),
                            "schedule.warmup_steps=" + warmup_steps(warmup, base.schedule.total_steps),
-                           "optim.lr=" + num(final_lr, "%.6g"), "batch.global_batch=" + std::to_string(batch)};
+                           "optim.lr=" + num(final_lr, "%.6g"), "optim.lr_scaling=none",
+                           "batch.global_batch=" + std::to_string(batch)};
   if (needs_strategy) result.recommendation.insert(result.recommendation.begin(), "clip.strategy=global");
   std::vector<std::string> all = o.overrides;
   all.insert(all.end(), result.recommendation.begin(), result.recommendation.end());

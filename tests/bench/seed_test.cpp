@@ -66,6 +66,13 @@ TEST(SeedBench, TinyModeComparesTheFiveSetups) {
   EXPECT_EQ(j["setups"][0]["skipped"], 0);
   EXPECT_GE(j["setups"][4]["skipped"].get<int64_t>(), 3);
   EXPECT_TRUE(test::read_text(dir.file("seed/seed.md")).find("| setup |") != std::string::npos);
+  // Every setup's report.html carries the table and links to the others' reports.
+  for (const char* setup : {"baseline", "gradguard"}) {
+    const std::string page = test::read_text(dir.file("seed/" + std::string(setup) + "/report.html"));
+    EXPECT_THAT(page, HasSubstr("gradguard bench seed: all setups"));
+    EXPECT_THAT(page, HasSubstr("../static_warmup/report.html"));
+    EXPECT_THAT(page, HasSubstr("| tuned |"));
+  }
   // Results are not overwritten without --force; a bad override names its key.
   r = test::run_cli(args, dir.path());
   EXPECT_EQ(r.exit_code, 2);

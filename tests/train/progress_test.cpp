@@ -65,10 +65,25 @@ TEST(Progress, LinesModeShowsScaleAnomaliesAndEta) {
 TEST(Progress, ResumedRunEtaIgnoresTimeBeforeTheResume) {
   // Resumed at step 500: elapsed_s counts from this process's start, so the first step's
   // 1 s is the estimate, not 1 s / 501 steps.
-  const std::string out = capture("lines", 1000, 1000, [](Progress& p) { p.step(metrics(500, 1.0)); });
-  EXPECT_EQ(out.find("step 501/1000"), std::string::npos) << out;  // not a reporting step
   const std::string json = capture("jsonl", 1000, 1, [](Progress& p) { p.step(metrics(500, 1.0)); });
   EXPECT_DOUBLE_EQ(nlohmann::json::parse(json)["eta_s"].get<double>(), 499.0);
+}
+
+TEST(Progress, ValidationTimeIsAmortisedNotAveragedAsAStep) {
+  // 1 s steps (tokens / tokens_per_s) with a 30 s validation before the fifth: the EMA stays
+  // at 1 s and the 30 s spread over the 4 steps seen adds 7.5 s per step.
+  const std::string out = capture("jsonl", 100, 1, [](Progress& p) {
+    const double elapsed[] = {1, 2, 3, 4, 35};
+    for (int64_t s = 0; s < 5; ++s) {
+      StepMetrics m = metrics(s, elapsed[s]);
+      m.tokens = 1000;
+      p.step(m);
+    }
+  });
+  std::istringstream lines(out);
+  std::string line, last;
+  while (std::getline(lines, line)) last = line;
+  EXPECT_NEAR(nlohmann::json::parse(last)["eta_s"].get<double>(), 95 * (1.0 + 30.0 / 4), 1e-9);
 }
 
 TEST(Progress, JsonlModeWritesOneObjectPerStepAndMessage) {

@@ -125,11 +125,23 @@ TEST_F(TuneCli, RecommendsAConfigWithEvidence) {
   ASSERT_GE(j["decisions"].size(), 4u);
   // The recommendation is a complete config the trainer accepts, with the chosen values.
   const auto rec = j["recommendation"].get<std::vector<std::string>>();
-  ASSERT_EQ(rec.size(), 4u);
+  ASSERT_EQ(rec.size(), 5u);
   EXPECT_THAT(rec[0], HasSubstr("clip.max_norm="));
   const auto cfg = config::load_config(dir_.file("runs/tune/tune.yaml"), {});
-  const std::string batch = rec[3].substr(rec[3].find('=') + 1);
+  const std::string batch = rec[4].substr(rec[4].find('=') + 1);
   EXPECT_EQ(cfg.batch.global_batch, std::stoll(batch));
+  EXPECT_EQ(cfg.optim.lr_scaling, "none");  // tune's optim.lr must not be scaled again
+  // The clip choice follows the rule: the first (safest) stable probe within 1% of the best.
+  double best = 1e300;
+  for (const auto& p : j["probes"])
+    if (p["phase"] == "clip" && p["stable"].get<bool>()) best = std::min(best, p["final_loss"].get<double>());
+  std::string expected;
+  for (const auto& p : j["probes"])
+    if (p["phase"] == "clip" && p["stable"].get<bool>() && p["final_loss"].get<double>() <= best + 0.01 * best) {
+      expected = p["settings"][0].get<std::string>();
+      break;
+    }
+  EXPECT_EQ(rec[0], expected);
   EXPECT_THAT(test::read_text(dir_.file("runs/tune/tune.md")), HasSubstr("## Decisions"));
   // A second run without --force keeps the evidence.
   r = test::run_cli(args("--clip 0.3 --warmup 0.1 --lr-scale 1 --max-batch 4"), dir_.path());

@@ -13,6 +13,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -21,6 +23,10 @@ namespace gradguard::report {
 struct HtmlReportOptions {
   std::string out_path;               // "" = <run_dir>/report.html
   int64_t max_heatmap_columns = 1500; // per-layer heatmap columns; more steps are binned (>= 10)
+  // A section of text shown after the anomalies ("" = none), e.g. the comparison table of
+  // the `bench seed` run this run was part of, with links (label, relative href).
+  std::string appendix_title, appendix_text;
+  std::vector<std::pair<std::string, std::string>> appendix_links;
   void validate() const;
 };
 

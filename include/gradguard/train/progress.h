@@ -38,6 +38,8 @@ class Progress {
   int64_t last_step_ = -1;      // previous step seen (-1: none yet)
   double last_elapsed_ = 0;     // its elapsed_s
   double step_s_ = -1;          // EMA of seconds per step (-1: no estimate yet)
+  double overhead_s_ = 0;       // seconds between steps that were not step time (eval, checkpoints)
+  int64_t steps_seen_ = 0;      // steps over which overhead_s_ accrued
 };
 
 // "1:02:03" / "4:05" for a duration in seconds.

@@ -11,8 +11,9 @@
   const D = JSON.parse(document.getElementById("report-data").textContent);
   const $ = (id) => document.getElementById(id);
   const css = (name) => getComputedStyle(document.documentElement).getPropertyValue(name).trim();
-  const palette = ["#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
-                   "#7f7f7f", "#ff7f0e"];
+  // Series colours; red, orange and purple are kept for the markers (skipped, anomaly, rollback).
+  const palette = ["#1f77b4", "#2ca02c", "#17becf", "#8c564b", "#e377c2", "#bcbd22", "#7f7f7f", "#393b79",
+                   "#637939", "#0b6e4f"];
   const fmt = (v, digits) => {
     if (v === null || v === undefined || !isFinite(v)) return "–";
     const a = Math.abs(v);
@@ -46,6 +47,12 @@
     p.innerHTML = "<b>While reading the run:</b><br>" + D.problems.map(esc).join("<br>");
   }
   $("config").textContent = D.config || "(no config.yaml in the run directory)";
+  if (D.appendix) {  // e.g. the table of `gradguard bench seed` this run belongs to
+    $("appendix-section").hidden = false;
+    $("appendix-title").textContent = D.appendix.title;
+    $("appendix").textContent = D.appendix.text;
+    $("appendix-links").innerHTML = D.appendix.links.map((l) => `<a href="${esc(l.href)}">${esc(l.label)}</a>`).join(" · ");
+  }
   $("footer").textContent = "Charts: uPlot " + D.run.uplot_version + " (MIT), inlined. This file needs no network.";
 
   // ---- markers: skipped steps, anomalies, rollbacks as vertical lines ------------------
@@ -133,7 +140,7 @@
       if (sc.range) scales[k].range = sc.range;
       axes.push({ scale: k, label: sc.label || "", side: i === 0 ? 3 : 1, stroke: css("--fg"),
                   grid: { show: i === 0, stroke: css("--line"), width: 1 }, size: 60,
-                  values: (u, vals) => vals.map((v) => fmt(v, 3)) });
+                  values: (u, vals) => vals.map((v) => fmt(v, 6)) });
     });
     const opts = {
       width: width(el),
@@ -156,10 +163,11 @@
       hooks: { setScale: [zoomFollower(spec.group || [])] },
       plugins: spec.markers ? [markersPlugin(spec.note)] : [],
     };
-    const data = [spec.x].concat(series.map((s) => (s.scale && spec.scales[s.scale] && spec.scales[s.scale].log ? positive(s.data) : s.data)));
+    const isLog = (s) => { const sc = (spec.scales || {})[s.scale || "y"]; return !!(sc && sc.log); };
+    const data = [spec.x].concat(series.map((s) => (isLog(s) ? positive(s.data) : s.data)));
     const u = new uPlot(opts, data, el);
     if (spec.group) spec.group.push(u);
-    status.charts[el.id] = { u, series: series.length };
+    status.charts[el.id] = { u, series: series.length, colours: series.map((s, i) => s.colour || palette[i % palette.length]) };
     return u;
   }
 
@@ -180,7 +188,7 @@
   const lossTable = uPlot.join([[T.step, T.loss], [D.val.step, D.val.loss]]);
   stepChart("chart-loss", [
     { label: "train loss", data: lossTable[1], colour: palette[0] },
-    { label: "val loss", data: lossTable[2], colour: palette[9], points: true },
+    { label: "val loss", data: lossTable[2], colour: palette[3], points: true },
   ], { y: { label: "nats/token" } }, { empty: "no loss recorded", x: lossTable[0] });
   stepChart("chart-lr", [{ label: "learning rate", data: T.lr, colour: palette[1] }], { y: { label: "lr" } });
   stepChart("chart-grad", [
@@ -191,7 +199,7 @@
   stepChart("chart-scale", [{ label: "loss scale", data: T.loss_scale, colour: palette[4] }],
             { y: { label: "scale (log)", log: true } });
   stepChart("chart-noise", [{ label: "B_simple (sequences)", data: T.noise_scale, colour: palette[6], points: true }],
-            { y: { label: "sequences" } }, { empty: "not measured in this run (guard.noise_scale_every)" });
+            { y: { label: "sequences" } }, { empty: "not measured in this run (guard.noise_scale.every, which needs batch.accum_steps > 1)" });
 
   // ---- per-layer heatmap ---------------------------------------------------------------
   heatmap = (function () {
@@ -265,7 +273,10 @@
       `colour: log10 norm from ${lo.toFixed(2)} (dark) to ${hi.toFixed(2)} (yellow)` +
       (L.bin > 1 ? ` · each column is the max over ${L.bin} steps` : "");
     draw();
-    status.charts.heatmap = { canvas, series: L.names.length };
+    // the cells only: right of the labels, above the step captions (device pixels)
+    status.charts.heatmap = { canvas, series: L.names.length,
+                              box: { left: labelW * devicePixelRatio, top: 0, width: canvas.width - labelW * devicePixelRatio,
+                                     height: rowH * L.names.length * devicePixelRatio } };
     return { setRange(min, max) { range = [min, max]; draw(); }, redraw: draw };
   })();
 
@@ -296,7 +307,7 @@
       }
     }
     if (!tables.length) continue;
-    if (title !== "CPU" && title !== "Memory") anyGpu = true;
+    if (labels.some((l) => /gpu\d+_/.test(l))) anyGpu = true;
     const joined = uPlot.join(tables);
     const h3 = document.createElement("h3");
     h3.textContent = title;
@@ -339,11 +350,20 @@
     for (const c of Object.values(status.charts)) if (c.u) c.u.setSize({ width: width(c.u.root.parentNode), height: c.u.height });
     heatmap.redraw && heatmap.redraw();
   });
-  function inked(canvas, box) {
+  // Pixels inside `box` whose colour is within a small distance of one of `colours`
+  // (the series' strokes): what the series drew, not the grid, text or marker lines.
+  function inked(canvas, box, colours) {
     const ctx = canvas.getContext("2d");
     const img = ctx.getImageData(box.left, box.top, box.width, box.height).data;
+    const rgb = colours.map((c) => { const m = /^#(..)(..)(..)$/.exec(c); return m ? m.slice(1).map((h) => parseInt(h, 16)) : null; })
+      .filter((c) => c);
     let n = 0;
-    for (let i = 3; i < img.length; i += 4) if (img[i] > 128) n++;
+    for (let i = 0; i < img.length; i += 4) {
+      if (img[i + 3] < 128) continue;
+      if (!rgb.length) { n++; continue; }
+      for (const c of rgb)
+        if (Math.abs(img[i] - c[0]) + Math.abs(img[i + 1] - c[1]) + Math.abs(img[i + 2] - c[2]) < 60) { n++; break; }
+    }
     return n;
   }
   setTimeout(() => {
@@ -351,8 +371,10 @@
     for (const [id, c] of Object.entries(status.charts)) {
       try {
         const canvas = c.u ? c.u.ctx.canvas : c.canvas;
-        const box = c.u ? c.u.bbox : { left: 0, top: 0, width: canvas.width, height: canvas.height };
-        out.charts[id] = { series: c.series, ink: inked(canvas, box) };
+        const box = c.u ? c.u.bbox : c.box;
+        const markers = markerKinds.map(([, v]) => css(v));
+        const colours = (c.colours || []).filter((x) => !markers.includes(x));
+        out.charts[id] = { series: c.series, ink: inked(canvas, box, colours) };
       } catch (e) {
         out.errors.push(id + ": " + e);
       }
