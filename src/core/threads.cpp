@@ -44,29 +44,36 @@ double cgroup_cpu_limit() {
   return 0;
 }
 
-}  // namespace
+int64_t online_cpus() { return std::max<int64_t>(1, std::thread::hardware_concurrency()); }
 
-int64_t usable_cpus() {
-  int64_t n = std::max<int64_t>(1, std::thread::hardware_concurrency());
+// CPUs in this process's affinity mask (online_cpus() when it cannot be read).
+int64_t affinity_cpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) n = std::max(1, CPU_COUNT(&set));
-  if (const double quota = cgroup_cpu_limit(); quota > 0)
-    n = std::min<int64_t>(n, std::max<int64_t>(1, static_cast<int64_t>(std::ceil(quota))));
-  return n;
+  return sched_getaffinity(0, sizeof(set), &set) == 0 ? std::max(1, CPU_COUNT(&set)) : online_cpus();
 }
 
-int64_t default_threads(int64_t requested, int64_t local_world_size) {
+// A quota caps the CPUs at its value rounded up (at least 1).
+int64_t capped(int64_t cpus, double quota) {
+  return quota > 0 ? std::min<int64_t>(cpus, std::max<int64_t>(1, static_cast<int64_t>(std::ceil(quota)))) : cpus;
+}
+
+}  // namespace
+
+int64_t usable_cpus() { return capped(affinity_cpus(), cgroup_cpu_limit()); }
+
+int64_t thread_share(int64_t requested, int64_t local_world_size, int64_t affinity, int64_t online, double quota) {
   if (requested > 0) return requested;
   // A launcher that pins each rank (Slurm --cpus-per-task, mpirun --bind-to, taskset)
   // narrows the affinity mask: that mask is already this rank's share. Otherwise the
   // node's CPUs (capped by a cgroup quota all ranks share) are split between its ranks.
-  const int64_t online = std::max<int64_t>(1, std::thread::hardware_concurrency());
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  const bool pinned = sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) < online;
-  if (pinned) return usable_cpus();
-  return std::max<int64_t>(1, usable_cpus() / std::max<int64_t>(1, local_world_size));
+  const int64_t usable = capped(affinity, quota);
+  if (affinity < online) return usable;
+  return std::max<int64_t>(1, usable / std::max<int64_t>(1, local_world_size));
+}
+
+int64_t default_threads(int64_t requested, int64_t local_world_size) {
+  return thread_share(requested, local_world_size, affinity_cpus(), online_cpus(), cgroup_cpu_limit());
 }
 
 ThreadReport configure_threads(int64_t requested) {

@@ -35,21 +35,16 @@ TEST(Threads, UsableCpusFollowTheAffinityMask) {
 }
 
 TEST(Threads, APinnedRankKeepsItsWholeShare) {
-  // Two CPUs pinned (Slurm --cpus-per-task=2) with 4 ranks on the node: the pin is the
-  // share, so 2 threads, not 2 / 4.
-  cpu_set_t saved;
-  ASSERT_EQ(sched_getaffinity(0, sizeof(saved), &saved), 0);
-  if (CPU_COUNT(&saved) < 2 || std::thread::hardware_concurrency() < 3)
-    GTEST_SKIP() << "needs a pin of 2 CPUs narrower than the machine (has " << CPU_COUNT(&saved) << " of "
-                 << std::thread::hardware_concurrency() << ")";
-  cpu_set_t two;
-  CPU_ZERO(&two);
-  for (int cpu = 0, n = 0; cpu < CPU_SETSIZE && n < 2; ++cpu)
-    if (CPU_ISSET(cpu, &saved)) CPU_SET(cpu, &two), ++n;
-  ASSERT_EQ(sched_setaffinity(0, sizeof(two), &two), 0);
-  const int64_t threads = default_threads(0, 4);
-  ASSERT_EQ(sched_setaffinity(0, sizeof(saved), &saved), 0);
-  EXPECT_EQ(threads, 2);
+  // 64 CPUs, 8 ranks. Slurm --cpus-per-task=8 pins each rank to 8: the pin is its share
+  // (8 threads, not 8 / 8). Unpinned, the 64 are split: 8 each. A cgroup quota of 6.5
+  // CPUs shared by all ranks caps the node first: 7 / 8 -> 1 each.
+  EXPECT_EQ(thread_share(0, 8, 8, 64, 0), 8);
+  EXPECT_EQ(thread_share(0, 8, 64, 64, 0), 8);
+  EXPECT_EQ(thread_share(0, 8, 64, 64, 6.5), 1);
+  EXPECT_EQ(thread_share(0, 1, 64, 64, 6.5), 7);
+  EXPECT_EQ(thread_share(0, 4, 2, 64, 0), 2);  // taskset -c 0,1 with 4 ranks
+  EXPECT_EQ(thread_share(0, 2, 4, 4, 0), 2);
+  EXPECT_EQ(thread_share(3, 8, 8, 64, 0), 3);  // an explicit request wins
 }
 
 TEST(Threads, UnpinnedRanksSplitTheNode) {

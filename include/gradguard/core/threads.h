@@ -26,6 +26,11 @@ int64_t usable_cpus();
 // At least 1.
 int64_t default_threads(int64_t requested, int64_t local_world_size = 1);
 
+// The same policy on given facts (default_threads reads them from this process):
+// `affinity` CPUs in the mask, `online` CPUs of the machine, `quota` CPUs of a cgroup
+// quota (0 = none).
+int64_t thread_share(int64_t requested, int64_t local_world_size, int64_t affinity, int64_t online, double quota);
+
 // Sets ATen's intra-op threads to default_threads(requested) and pins the BLAS pool to
 // one thread. Safe to call more than once.
 ThreadReport configure_threads(int64_t requested);
