@@ -19,6 +19,8 @@ void AmpOptions::validate() const {
 void check_supported(const AmpOptions& options, const c10::Device& device) {
   options.validate();
   if (options.dtype == "fp32") return;
+  // CUDA (and ROCm, which LibTorch also calls "cuda") autocasts to fp16 and bf16.
+  if (device.is_cuda()) return;
   if (!device.is_cpu())
     throw bad_input("amp.dtype", "autocast on " + device.str() + " is not available in this build");
   if (options.dtype == "fp16")
@@ -28,8 +30,10 @@ void check_supported(const AmpOptions& options, const c10::Device& device) {
 AutocastScope::AutocastScope(const AmpOptions& options, const c10::Device& device) {
   check_supported(options, device);
   if (options.dtype == "fp32") return;
-  previous_ = compat::cpu_autocast_enabled();
-  compat::set_cpu_autocast(true, at::kBFloat16);
+  device_ = device.type();
+  previous_ = compat::autocast_enabled(device_);
+  previous_dtype_ = compat::autocast_dtype(device_);
+  compat::set_autocast(device_, true, options.dtype == "fp16" ? at::kHalf : at::kBFloat16);
   at::autocast::increment_nesting();
   active_ = true;
 }
@@ -37,7 +41,7 @@ AutocastScope::AutocastScope(const AmpOptions& options, const c10::Device& devic
 AutocastScope::~AutocastScope() {
   if (!active_) return;
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  compat::set_cpu_autocast(previous_, at::kBFloat16);
+  compat::set_autocast(device_, previous_, previous_dtype_);
 }
 
 }  // namespace gradguard::amp

@@ -67,6 +67,8 @@ std::vector<Field> fields(Config& c) {
       {"optim", "betas", &c.optim.betas, "Adam [beta1, beta2]"},
       {"optim", "eps", &c.optim.eps, "Adam epsilon"},
       {"optim", "weight_decay", &c.optim.weight_decay, "weight decay on dim>=2 tensors; 0 disables"},
+      {"optim", "implementation", &c.optim.implementation,
+       "adamw kernel: auto (fused where LibTorch has it, else foreach), fused, foreach or loop"},
       {"optim", "max_trust_ratio", &c.optim.max_trust_ratio, "lamb: clamp of the trust ratio ||w||/||update||"},
       {"optim", "momentum", &c.optim.momentum, "lars: momentum"},
       {"optim", "trust_coefficient", &c.optim.trust_coefficient, "lars: eta of the local learning rate"},

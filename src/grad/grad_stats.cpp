@@ -9,6 +9,8 @@
 
 #include <torch/torch.h>
 
+#include "gradguard/core/compat.h"
+
 namespace gradguard::grad {
 namespace {
 std::atomic<int64_t> g_host_syncs{0};
@@ -66,11 +68,20 @@ GradStats GradStatsComputer::compute(double inv_scale, const std::vector<at::Ten
   const auto float_opts = torch::TensorOptions().dtype(torch::kFloat).device(
       grads.empty() ? torch::Device(torch::kCPU) : grads[0].device());
   std::vector<at::Tensor> parts;
+  int64_t found_inf_slot = -1;  // index of the native kernel's inf flag in `parts`, if used
   if (!grads.empty()) {
     if (inv_scale != 1.0) {
-      // Tensor factor rather than a Scalar: the faster CPU multiply (see clip.cpp).
-      auto factor = torch::full({}, inv_scale, grads[0].options());
-      for (auto& g : grads) g.mul_(factor.scalar_type() == g.scalar_type() ? factor : factor.to(g.scalar_type()));
+      if (compat::native_unscale_available(grads[0].device().type())) {
+        // GradScaler's own multi-tensor kernel: unscale and inf check in one pass; the
+        // flag rides along in the single host copy below.
+        auto found_inf = torch::zeros({1}, float_opts);
+        compat::non_finite_check_and_unscale_(grads, found_inf, torch::full({1}, inv_scale, float_opts));
+        found_inf_slot = static_cast<int64_t>(parts.size());
+        parts.push_back(found_inf);
+      } else {
+        // Tensor factor rather than a Scalar: the faster CPU multiply (see clip.cpp).
+        compat::foreach_mul_(grads, torch::full({}, inv_scale, grads[0].options()));
+      }
     }
     auto norms = torch::stack(at::_foreach_norm(grads, 2));  // [tensor with gradient]
     parts.push_back(norms.to(torch::kFloat));
@@ -86,13 +97,15 @@ GradStats GradStatsComputer::compute(double inv_scale, const std::vector<at::Ten
   ++g_host_syncs;
   const float* h = host.data_ptr<float>();
   size_t k = 0;
+  bool found_inf = false;
+  if (found_inf_slot >= 0) found_inf = h[k++] != 0;  // parts[0]
   if (!grads.empty()) {
     for (size_t j = 0; j < grads.size(); ++j) s.tensor_norms[index[j]] = h[k++];
     s.global_norm = h[k++];
     s.norm_after_device_clip = hook ? h[k++] : s.global_norm;
   }
   for (size_t j = 0; j < extras.size(); ++j) s.extras.push_back(h[k++]);
-  s.nonfinite = !std::isfinite(s.global_norm);
+  s.nonfinite = found_inf || !std::isfinite(s.global_norm);
   for (size_t i = 0; i < params_.size(); ++i) {
     const double n = s.tensor_norms[i];
     s.layer_norms[groups_.group_of[i]] += n * n;

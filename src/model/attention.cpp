@@ -1,5 +1,7 @@
-// Causal GQA attention. On LibTorch 1.13 there is no public fused SDPA, so this computes
-// scores with one batched matmul per layer, masks with a cached additive -inf mask,
+// Causal GQA attention. From LibTorch 2.1 on, at::scaled_dot_product_attention (through
+// compat.h) picks a fused kernel: flash or memory-efficient attention on GPUs, the CPU
+// flash kernel on the CPU. Before 2.1 there is no public fused SDPA, so the fallback
+// computes scores with one batched matmul per layer, masks with a cached additive -inf mask,
 // softmaxes in place of a separate scaling pass (the 1/sqrt(hd) is folded into q), and
 // multiplies by V. Query heads of one group are stacked along the row axis, which turns
 // GQA into plain broadcasting-free matmuls against the un-repeated K/V.
@@ -8,6 +10,8 @@
 #include <cmath>
 
 #include <torch/torch.h>
+
+#include "gradguard/core/compat.h"
 
 namespace gradguard::model {
 namespace {
@@ -23,6 +27,14 @@ torch::Tensor causal_mask(int64_t groups, int64_t T, const torch::TensorOptions&
 }  // namespace
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+#if GRADGUARD_HAS_SDPA
+  return compat::causal_sdpa(q, k, v, 1.0 / std::sqrt(static_cast<double>(q.size(3))));
+#else
+  return causal_attention_matmul(q, k, v);
+#endif
+}
+
+at::Tensor causal_attention_matmul(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), hd = q.size(3);
   const int64_t KV = k.size(1), G = H / KV;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));

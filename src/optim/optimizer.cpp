@@ -1,5 +1,5 @@
-// The optimizer factory. AdamW is torch::optim::AdamW, whose C++ update matches
-// torch.optim.AdamW (tests/golden/adamw.json); LAMB and LARS are gradguard's own
+// The optimizer factory. AdamW is GroupAdamW (adamw.h): torch::optim::AdamW's update,
+// which matches torch.optim.AdamW (tests/golden/adamw.json), one group at a time; LAMB and LARS are gradguard's own
 // (lamb.h, lars.h). All get the same two groups: matrices and embeddings decay and are
 // layer-adaptive, norm weights and biases neither.
 #include "gradguard/optim/optimizer.h"
@@ -10,6 +10,7 @@
 
 #include "gradguard/core/compat.h"
 #include "gradguard/core/error.h"
+#include "gradguard/optim/adamw.h"
 #include "gradguard/optim/lamb.h"
 #include "gradguard/optim/lars.h"
 
@@ -30,6 +31,10 @@ void OptimOptions::validate() const {
     throw bad_input("optim.max_trust_ratio", "must be > 0, got " + std::to_string(max_trust_ratio));
   if (!(momentum >= 0 && momentum < 1))
     throw bad_input("optim.momentum", "must be in [0, 1), got " + std::to_string(momentum));
+  if (implementation != "auto" && implementation != "fused" && implementation != "foreach" &&
+      implementation != "loop")
+    throw bad_input("optim.implementation",
+                    "'" + implementation + "' is not valid (valid: auto, fused, foreach, loop)");
   if (!(trust_coefficient > 0) || !std::isfinite(trust_coefficient))
     throw bad_input("optim.trust_coefficient", "must be a finite number > 0, got " + std::to_string(trust_coefficient));
 }
@@ -48,7 +53,8 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const NamedParameters& p
   if (options.name == "adamw") {
     auto base = torch::optim::AdamWOptions(options.lr).betas({options.betas[0], options.betas[1]}).eps(options.eps);
     add_groups(base, [](torch::optim::AdamWOptions o, double wd, bool) { return o.weight_decay(wd); });
-    return std::make_unique<torch::optim::AdamW>(std::move(groups), base);
+    const auto device = params.empty() ? c10::Device(c10::kCPU) : params.front().second.device();
+    return std::make_unique<GroupAdamW>(std::move(groups), base, resolve_adamw_kernel(options.implementation, device));
   }
   if (options.name == "lamb") {
     auto base = LambOptions(options.lr)

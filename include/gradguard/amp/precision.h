@@ -6,6 +6,7 @@
 #include <string>
 
 #include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
 
 #include "gradguard/amp/loss_scaler.h"
 
@@ -32,7 +33,9 @@ class AutocastScope {
 
  private:
   bool active_ = false;
+  c10::DeviceType device_ = c10::kCPU;
   bool previous_ = false;
+  c10::ScalarType previous_dtype_ = c10::ScalarType::BFloat16;
 };
 
 }  // namespace gradguard::amp

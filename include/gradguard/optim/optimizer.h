@@ -26,6 +26,7 @@ struct OptimOptions {
   double max_trust_ratio = 10.0;             // LAMB: clamp of ||w|| / ||update|| (> 0)
   double momentum = 0.9;                     // LARS: momentum in [0, 1)
   double trust_coefficient = 0.001;          // LARS: eta of the local learning rate (> 0)
+  std::string implementation = "auto";       // AdamW kernel: auto (fused where available, else foreach) | fused | foreach | loop
   std::string lr_scaling = "none";           // none | linear | sqrt: scale lr by global_batch / base_batch
   int64_t base_batch = 0;                    // sequences per step lr was tuned for; 0 = no scaling
   void validate() const;                     // throws gradguard::Error naming optim.<key>

@@ -1,0 +1,130 @@
+// GroupAdamW: tensors of a parameter group are bucketed by (step count, device, dtype)
+// and each bucket is updated with one fused kernel or one sequence of multi-tensor ops.
+#include "gradguard/optim/adamw.h"
+
+#include <cmath>
+#include <map>
+#include <tuple>
+
+#include <torch/torch.h>
+
+#include "gradguard/core/compat.h"
+#include "gradguard/core/error.h"
+
+namespace gradguard::optim {
+namespace {
+
+struct Bucket {
+  std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs;
+  std::vector<torch::optim::AdamWParamState*> states;
+};
+
+// LibTorch's AdamW update, op for op, over lists of tensors.
+void foreach_update(Bucket& b, int64_t step, const torch::optim::AdamWOptions& o) {
+  const double lr = o.lr(), beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
+  if (o.weight_decay() != 0) at::_foreach_mul_(b.params, 1 - lr * o.weight_decay());
+  const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(step));
+  const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(step));
+  at::_foreach_mul_(b.exp_avgs, beta1);
+  at::_foreach_add_(b.exp_avgs, b.grads, 1 - beta1);
+  at::_foreach_mul_(b.exp_avg_sqs, beta2);
+  at::_foreach_addcmul_(b.exp_avg_sqs, b.grads, b.grads, 1 - beta2);
+  auto denom = at::_foreach_sqrt(b.exp_avg_sqs);
+  at::_foreach_div_(denom, std::sqrt(bias_correction2));
+  at::_foreach_add_(denom, o.eps());
+  at::_foreach_addcdiv_(b.params, b.exp_avgs, denom, -lr / bias_correction1);
+}
+
+void fused_update(Bucket& b, int64_t step, const torch::optim::AdamWOptions& o) {
+  // The kernel reads each tensor's step count (already incremented, as torch.optim does
+  // before calling it) and never writes it, so one tensor serves the whole bucket.
+  auto steps_tensor = torch::full({}, static_cast<double>(step),
+                                  torch::TensorOptions().dtype(torch::kFloat).device(b.params[0].device()));
+  std::vector<at::Tensor> steps(b.params.size(), steps_tensor);
+  compat::fused_adamw_(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, steps, o.lr(), std::get<0>(o.betas()),
+                       std::get<1>(o.betas()), o.weight_decay(), o.eps());
+}
+
+}  // namespace
+
+AdamWKernel resolve_adamw_kernel(const std::string& implementation, const c10::Device& device) {
+  if (implementation == "foreach") return AdamWKernel::foreach;
+  if (implementation == "loop") return AdamWKernel::loop;
+  const bool fused = compat::fused_adamw_available(device.type());
+  if (implementation == "auto") return fused ? AdamWKernel::fused : AdamWKernel::foreach;
+  if (implementation == "fused") {
+    if (!fused)
+      throw bad_input("optim.implementation", "'fused' AdamW is not available for " + device.str() + " in LibTorch " +
+                                                  std::to_string(TORCH_VERSION_MAJOR) + "." +
+                                                  std::to_string(TORCH_VERSION_MINOR) +
+                                                  " (CUDA needs >= 2.0, the CPU >= 2.4); use auto or foreach");
+    return AdamWKernel::fused;
+  }
+  throw bad_input("optim.implementation", "'" + implementation + "' is not valid (valid: auto, fused, foreach, loop)");
+}
+
+const char* to_string(AdamWKernel kernel) {
+  switch (kernel) {
+    case AdamWKernel::fused: return "fused";
+    case AdamWKernel::foreach: return "foreach";
+    case AdamWKernel::loop: return "loop";
+  }
+  return "?";
+}
+
+GroupAdamW::GroupAdamW(std::vector<torch::optim::OptimizerParamGroup> groups, torch::optim::AdamWOptions defaults,
+                       AdamWKernel kernel)
+    : torch::optim::AdamW(std::move(groups), defaults), kernel_(kernel) {
+  TORCH_CHECK(!defaults.amsgrad(), "GroupAdamW does not implement amsgrad");
+}
+
+torch::Tensor GroupAdamW::step(LossClosure closure) {
+  if (kernel_ == AdamWKernel::loop) return torch::optim::AdamW::step(std::move(closure));
+  torch::NoGradGuard no_grad;
+  torch::Tensor loss;
+  if (closure) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  auto& states = state();
+  for (auto& group : param_groups()) {
+    const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    TORCH_CHECK(!options.amsgrad(), "GroupAdamW does not implement amsgrad");
+    using Key = std::tuple<int64_t, int, int, int>;  // step, device type, device index, dtype
+    std::map<Key, Bucket> buckets;
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      TORCH_CHECK(!p.grad().is_sparse(), "AdamW does not support sparse gradients");
+      auto key = compat::state_key(p);
+      auto it = states.find(key);
+      if (it == states.end()) {
+        auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+        fresh->step(0);
+        fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        fresh->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        it = states.emplace(key, std::move(fresh)).first;
+      }
+      auto* st = static_cast<torch::optim::AdamWParamState*>(it->second.get());
+      auto& b = buckets[Key{st->step(), static_cast<int>(p.device().type()), p.device().index(),
+                            static_cast<int>(p.scalar_type())}];
+      b.params.push_back(p);
+      b.grads.push_back(p.grad());
+      b.exp_avgs.push_back(st->exp_avg());
+      b.exp_avg_sqs.push_back(st->exp_avg_sq());
+      b.states.push_back(st);
+    }
+    for (auto& [key, b] : buckets) {
+      const int64_t step = std::get<0>(key) + 1;
+      for (auto* st : b.states) st->step(step);
+      // The fused kernel needs every tensor of the bucket on one device of a kind it
+      // supports; a bucket elsewhere (e.g. a CPU tensor in a CUDA run) takes foreach.
+      if (kernel_ == AdamWKernel::fused && compat::fused_adamw_available(b.params[0].device().type()))
+        fused_update(b, step, options);
+      else
+        foreach_update(b, step, options);
+    }
+  }
+  return loss;
+}
+
+}  // namespace gradguard::optim
