@@ -53,6 +53,8 @@ std::vector<Field> fields(Config& c) {
       {"model", "init_std", &c.model.init_std, "init std; residual projections use std/sqrt(2*num_layers)"},
       {"model", "init_from", &c.model.init_from,
        "HF directory (config.json + model.safetensors) to start from; its architecture wins; \"\" = random"},
+      {"model", "activation_checkpointing", &c.model.activation_checkpointing,
+       "keep only each decoder layer's input in training and recompute its activations in backward (less memory, more compute)"},
       {"data", "train_path", &c.data.train_path, "training token file (llm.c format)"},
       {"data", "val_path", &c.data.val_path, "validation token file; \"\" disables validation"},
       {"data", "seq_len", &c.data.seq_len, "tokens per sample (T)"},

@@ -1,12 +1,23 @@
 // Llama decoder implementation. Shapes are annotated at each step; the math follows HF
 // LlamaForCausalLM so that checkpoints and logits match the Python ecosystem (checked by
 // tests/model/llama_test.cpp against tests/golden/llama_reference.py).
+//
+// Activation checkpointing is a custom autograd Function per decoder layer
+// (CheckpointedLayer below; LibTorch's C++ API has no torch.utils.checkpoint). Its node
+// takes the layer's parameters as inputs, so their gradients reach .grad through their
+// ordinary AccumulateGrad nodes in the outer backward: accumulation across micro-batches
+// and the post hooks data parallelism hangs there (src/dist/grad_sync.cpp) behave as
+// without checkpointing. The recomputation inside backward uses torch::autograd::grad
+// with the parameters as the wanted inputs, which captures their gradients without
+// touching .grad or firing those hooks a second time.
 #include "gradguard/model/llama.h"
 
 #include <cmath>
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
+#include "gradguard/core/compat.h"
 #include "gradguard/core/error.h"
 #include "gradguard/model/attention.h"
 
@@ -33,6 +44,132 @@ torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const
     return x * cos.to(x.scalar_type()) + rotate_half(x) * sin.to(x.scalar_type());
   return x * cos + rotate_half(x) * sin;
 }
+
+// Keeps the layer alive and reachable from its checkpoint node until backward.
+struct LayerHandle : torch::CustomClassHolder {
+  explicit LayerHandle(std::shared_ptr<DecoderLayerImpl> layer) : layer(std::move(layer)) {}
+  std::shared_ptr<DecoderLayerImpl> layer;
+};
+
+// The autocast state of the calling thread that a layer's computation depends on: on/off
+// and dtype, for the CPU and for CUDA (which ROCm builds also call "cuda").
+struct AutocastState {
+  bool cpu = false, cuda = false;
+  c10::ScalarType cpu_dtype = at::kBFloat16, cuda_dtype = at::kHalf;
+
+  static AutocastState current() {
+    return {compat::autocast_enabled(c10::kCPU), compat::autocast_enabled(c10::kCUDA),
+            compat::autocast_dtype(c10::kCPU), compat::autocast_dtype(c10::kCUDA)};
+  }
+  void apply() const {
+    compat::set_autocast(c10::kCPU, cpu, cpu_dtype);
+    compat::set_autocast(c10::kCUDA, cuda, cuda_dtype);
+  }
+};
+
+// Sets the autocast state to `state` and turns the autocast weight cache off for its
+// lifetime, restoring both afterwards. Autocast caches the low-precision cast of a leaf
+// weight for the rest of the autocast region, keyed on the weight alone; a cast made
+// while grad mode is off has no autograd history, so a later grad-mode op on the same
+// weight in that region would reuse it and the weight would silently get no gradient
+// (reproduced on LibTorch 1.13 with at::linear under NoGradGuard, then grad mode). The
+// model's Linear layers cast the view weight.t(), which is never cached, so this cannot
+// happen today, but the checkpointed forward runs without grad inside the caller's
+// autocast region by design, so it keeps the cache out of the way rather than rely on
+// that. Each weight is used once per layer call, so the cache would save nothing here.
+class LayerAutocast {
+ public:
+  explicit LayerAutocast(const AutocastState& state)
+      : before_(AutocastState::current()), cache_before_(at::autocast::is_autocast_cache_enabled()) {
+    state.apply();
+    at::autocast::set_autocast_cache_enabled(false);
+  }
+  ~LayerAutocast() {
+    at::autocast::set_autocast_cache_enabled(cache_before_);
+    before_.apply();
+  }
+  LayerAutocast(const LayerAutocast&) = delete;
+  LayerAutocast& operator=(const LayerAutocast&) = delete;
+
+ private:
+  AutocastState before_;
+  bool cache_before_;
+};
+
+// One checkpointed decoder layer. Inputs (autograd edges in this order): x, cos, sin, then
+// the layer's parameters; the layer itself rides along as a non-tensor argument.
+//
+// RNG: the layer draws no random numbers (no dropout; the fused attention runs with
+// dropout_p = 0), so the recomputation is the same computation without saving or
+// restoring any generator state. A layer that gained dropout would need the CPU/CUDA
+// generator states saved here and restored in backward.
+struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
+  static constexpr size_t kFirstParam = 3;  // edge index of the first parameter
+
+  // Runs with grad mode off (Function::apply turns it off), so no graph is recorded and
+  // only x, cos and sin are kept for backward.
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& cos, const torch::Tensor& sin, at::TensorList params,
+                               const std::shared_ptr<DecoderLayerImpl>& layer) {
+    const auto autocast = AutocastState::current();
+    ctx->save_for_backward({x, cos, sin});
+    ctx->saved_data["layer"] = c10::IValue::make_capsule(c10::make_intrusive<LayerHandle>(layer));
+    ctx->saved_data["autocast_cpu"] = autocast.cpu;
+    ctx->saved_data["autocast_cuda"] = autocast.cuda;
+    ctx->saved_data["autocast_cpu_dtype"] = static_cast<int64_t>(autocast.cpu_dtype);
+    ctx->saved_data["autocast_cuda_dtype"] = static_cast<int64_t>(autocast.cuda_dtype);
+    ctx->saved_data["num_params"] = static_cast<int64_t>(params.size());
+    LayerAutocast guard(autocast);  // same autocast, weight cache off (see LayerAutocast)
+    return layer->forward(x, cos, sin);
+  }
+
+  // Recomputes the layer with grad mode on, under the autocast state the forward saw (the
+  // backward itself runs wherever .backward() was called, usually outside autocast), and
+  // returns the gradients for x and the parameters; autograd then accumulates the
+  // parameters' into .grad as for any other node.
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    auto saved = ctx->get_saved_variables();
+    auto layer = c10::static_intrusive_pointer_cast<LayerHandle>(ctx->saved_data["layer"].toCapsule())->layer;
+    AutocastState autocast;
+    autocast.cpu = ctx->saved_data["autocast_cpu"].toBool();
+    autocast.cuda = ctx->saved_data["autocast_cuda"].toBool();
+    autocast.cpu_dtype = static_cast<c10::ScalarType>(ctx->saved_data["autocast_cpu_dtype"].toInt());
+    autocast.cuda_dtype = static_cast<c10::ScalarType>(ctx->saved_data["autocast_cuda_dtype"].toInt());
+    auto params = layer->parameters();
+    TORCH_INTERNAL_ASSERT(static_cast<int64_t>(params.size()) == ctx->saved_data["num_params"].toInt(),
+                          "decoder layer parameters changed between forward and backward");
+    // One gradient per forward argument: x, cos, sin, the parameters, the layer handle.
+    torch::autograd::variable_list grads(kFirstParam + params.size() + 1);
+    if (!grad_outputs[0].defined()) return grads;
+
+    std::vector<torch::Tensor> wrt;  // [k] tensors whose gradient is wanted
+    std::vector<size_t> slot;        // [k] their position in grads
+    auto x = saved[0].detach();
+    if (ctx->needs_input_grad(0)) {
+      x.requires_grad_(true);
+      wrt.push_back(x);
+      slot.push_back(0);
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!ctx->needs_input_grad(kFirstParam + i)) continue;
+      wrt.push_back(params[i]);
+      slot.push_back(kFirstParam + i);
+    }
+    if (wrt.empty()) return grads;
+
+    torch::Tensor out;
+    {
+      torch::AutoGradMode grad_mode(true);
+      LayerAutocast guard(autocast);
+      out = layer->forward(x, saved[1], saved[2]);
+    }
+    auto g = torch::autograd::grad({out}, wrt, {grad_outputs[0]}, /*retain_graph=*/false,
+                                   /*create_graph=*/false, /*allow_unused=*/true);
+    for (size_t k = 0; k < wrt.size(); ++k) grads[slot[k]] = g[k];
+    return grads;
+  }
+};
 
 }  // namespace
 
@@ -113,6 +250,15 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Ten
   return h + mlp(post_attention_layernorm(h));
 }
 
+torch::Tensor DecoderLayerImpl::forward_checkpointed(const torch::Tensor& x, const torch::Tensor& cos,
+                                                     const torch::Tensor& sin) {
+  if (!torch::GradMode::is_enabled()) return forward(x, cos, sin);
+  auto self = std::static_pointer_cast<DecoderLayerImpl>(weak_from_this().lock());
+  TORCH_CHECK(self, "forward_checkpointed needs a DecoderLayerImpl owned by a shared_ptr (a DecoderLayer)");
+  auto params = parameters();
+  return CheckpointedLayer::apply(x, cos, sin, at::TensorList(params), self);
+}
+
 LlamaBackboneImpl::LlamaBackboneImpl(const LlamaOptions& o) {
   embed_tokens = register_module("embed_tokens", torch::nn::Embedding(o.vocab_size, o.hidden_size));
   layers = register_module("layers", torch::nn::ModuleList());
@@ -171,7 +317,11 @@ torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& input_ids) {
                                         std::to_string(options_.max_seq_len));
   auto [cos, sin] = rope_tables(T, input_ids.device());
   auto x = model->embed_tokens(input_ids);  // [B, T, d]
-  for (const auto& layer : *model->layers) x = layer->as<DecoderLayer>()->forward(x, cos, sin);
+  const bool checkpoint = options_.activation_checkpointing && is_training() && torch::GradMode::is_enabled();
+  for (const auto& layer : *model->layers) {
+    auto* decoder = layer->as<DecoderLayer>();
+    x = checkpoint ? decoder->forward_checkpointed(x, cos, sin) : decoder->forward(x, cos, sin);
+  }
   x = model->norm(x);
   if (lm_head) return lm_head(x);             // [B, T, V]
   return torch::matmul(x, model->embed_tokens->weight.t());

@@ -8,6 +8,12 @@
 // final RMSNorm; lm_head (or the embedding matrix when tie_embeddings). Rotary embeddings
 // use HF's rotate-half convention; grouped-query attention shares each K/V head among
 // num_heads / num_kv_heads query heads without materialising repeated K/V.
+//
+// Activation checkpointing (LlamaOptions::activation_checkpointing) trades compute for
+// memory: in training with grad mode on, each decoder layer keeps only its input for
+// backward and recomputes its internal activations there (one extra layer forward per
+// layer per backward). Gradients are the same as without it; see
+// DecoderLayerImpl::forward_checkpointed.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +39,8 @@ struct LlamaOptions {
   bool tie_embeddings = false;       // lm_head shares the embedding matrix
   double init_std = 0.02;            // N(0, std) init; residual projections get std/sqrt(2L)
   std::string init_from;             // HF directory (config.json + model.safetensors); "" = random init
+  bool activation_checkpointing = false;  // recompute each layer's activations in backward
+                                          // (training with grad mode only); false disables
 
   int64_t head_dim() const { return hidden_size / num_heads; }
   // Throws gradguard::Error (bad input) naming the key, e.g. "model.num_kv_heads".
@@ -73,7 +81,16 @@ TORCH_MODULE(Mlp);
 class DecoderLayerImpl : public torch::nn::Module {
  public:
   explicit DecoderLayerImpl(const LlamaOptions& o);
+  // x [B, T, d]; cos/sin [T, head_dim] -> [B, T, d]
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  // forward() with activation checkpointing: under grad mode the layer runs without
+  // recording a graph and only x, cos and sin are kept; backward re-runs forward() (under
+  // the autocast state of the original call) and hands the parameters and x the same
+  // gradients plain autograd would, through the parameters' usual AccumulateGrad nodes
+  // (so .grad accumulates and gradient hooks fire as without checkpointing). Without
+  // grad mode it is forward(). First-order only: the gradients are not differentiable
+  // (no double backward). The layer has no dropout, so there is no RNG state to replay.
+  torch::Tensor forward_checkpointed(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   Attention self_attn{nullptr};
   Mlp mlp{nullptr};
@@ -95,9 +112,12 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // Validates the options and initialises the weights (scaled normal, norms = 1).
   explicit LlamaForCausalLMImpl(const LlamaOptions& o);
   // input_ids [B, T] int64 with T <= max_seq_len -> logits [B, T, vocab] (float32, or the
-  // autocast dtype when autocast is on).
+  // autocast dtype when autocast is on). Checkpoints the decoder layers when
+  // options().activation_checkpointing, the module is in training mode and grad mode is on.
   torch::Tensor forward(const torch::Tensor& input_ids);
   const LlamaOptions& options() const { return options_; }
+  // Turns activation checkpointing on or off for later forward calls (the weights stay).
+  void set_activation_checkpointing(bool on) { options_.activation_checkpointing = on; }
   // (Re)initialises every parameter from the current torch RNG.
   void reset_parameters();
 

@@ -1,0 +1,121 @@
+#!/usr/bin/python3
+"""Activation checkpointing: peak memory saved and step time paid, on this machine.
+
+Runs `gradguard train` on the 30M-parameter model of bench/train_compare.py (10 layers x
+512 wide) with a long sequence so that activations, not weights and optimizer state,
+dominate memory, alternating model.activation_checkpointing=false / true, A B A B ...
+(interleaved so the shared machine's noise falls on both). Each process is one run; the
+table reports its peak RSS (ru_maxrss from wait4: the honest measure on the CPU, where
+activations live in process memory) and the median step time over the kept steps of all
+rounds (each process drops its first --skip steps: allocator, thread pools). The losses of
+the two settings must agree: checkpointing recomputes, it does not approximate.
+
+  bench/activation_memory.py                         # 2 rounds, seq 512 x micro 4
+  bench/activation_memory.py --rounds 3 --seq 1024 --micro 2 --json out.json
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+# The "30m" size of bench/train_compare.py: hidden, intermediate, layers, heads, kv heads.
+HIDDEN, INTERMEDIATE, LAYERS, HEADS, KV_HEADS = 512, 1536, 10, 8, 4
+
+
+def params(h, i, layers, heads, kv):
+    head = h // heads
+    per_layer = h * h * 2 + 2 * h * kv * head + 3 * h * i + 2 * h
+    return 256 * h * 2 + layers * per_layer + h
+
+
+def train(exe, on, a, tmp):
+    """One `gradguard train` process; returns (kept step times s, losses, peak RSS MiB)."""
+    name = "ckpt-on" if on else "ckpt-off"
+    sets = ["model.hidden_size=%d" % HIDDEN, "model.intermediate_size=%d" % INTERMEDIATE,
+            "model.num_layers=%d" % LAYERS, "model.num_heads=%d" % HEADS, "model.num_kv_heads=%d" % KV_HEADS,
+            "model.max_seq_len=%d" % max(1024, a.seq), "data.seq_len=%d" % a.seq,
+            "batch.micro_batch=%d" % a.micro, "batch.accum_steps=%d" % a.accum,
+            "schedule.total_steps=%d" % a.steps, "schedule.warmup_steps=1",
+            "data.val_path=\"\"", "checkpoint.every=0", "log.progress=quiet", "log.report=false",
+            "log.tensorboard=false", "guard.enabled=false", "telemetry.enabled=false", "guard.noise_scale.every=0",
+            "run.dir=%s" % tmp, "run.name=%s" % name, "run.overwrite=true", "run.threads=%d" % a.threads,
+            "model.activation_checkpointing=%s" % ("true" if on else "false")]
+    argv = [exe, "train"]
+    for s in sets:
+        argv += ["--set", s]
+    with tempfile.TemporaryFile() as out:
+        p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+        _, status, usage = os.wait4(p.pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    if code != 0:
+        sys.exit("activation_memory.py: %s failed (exit %d):\n%s" % (exe, code, text[-2000:]))
+    times, losses = [], []
+    with open(os.path.join(tmp, name, "metrics.jsonl")) as f:
+        for line in f:
+            j = json.loads(line)
+            if "loss" in j and "event" not in j:
+                losses.append(j["loss"])
+                if j["step"] >= a.skip:
+                    times.append(j["tokens"] / j["tokens_per_s"])
+    return times, losses, usage.ru_maxrss / 1024.0
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--micro", type=int, default=4)
+    p.add_argument("--accum", type=int, default=1)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--skip", type=int, default=1, help="steps dropped at the start of each process")
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--gradguard", default=os.path.join(ROOT, "build", "gradguard"))
+    p.add_argument("--json", help="also write the results here")
+    a = p.parse_args()
+    runs = {False: ([], [], []), True: ([], [], [])}  # on -> (step times, peak RSS per process, losses)
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(a.rounds):
+            for on in (False, True):
+                print("round %d/%d, checkpointing %s" % (r + 1, a.rounds, "on" if on else "off"), file=sys.stderr,
+                      flush=True)
+                times, losses, rss = train(a.gradguard, on, a, tmp)
+                runs[on][0].extend(times)
+                runs[on][1].append(rss)
+                runs[on][2].append(losses)
+    tokens = a.seq * a.micro * a.accum
+    med = {on: statistics.median(runs[on][0]) for on in runs}
+    peak = {on: statistics.median(runs[on][1]) for on in runs}
+    print("%d layers x %d wide (%.1fM parameters), %d tokens/step (seq %d x micro %d x accum %d), %d threads, "
+          "%d rounds x %d kept steps, %.0f s in all" % (LAYERS, HIDDEN, params(HIDDEN, INTERMEDIATE, LAYERS, HEADS,
+                                                                                 KV_HEADS) / 1e6, tokens, a.seq,
+                                                       a.micro, a.accum, a.threads, a.rounds, a.steps - a.skip,
+                                                       time.time() - t0))
+    print("| model.activation_checkpointing | median step s | tokens/s | peak RSS MiB (each process) |")
+    print("|---|---:|---:|---:|")
+    for on in (False, True):
+        print("| %s | %.3f | %.0f | %s |" % ("true" if on else "false", med[on], tokens / med[on],
+                                             ", ".join("%.0f" % x for x in runs[on][1])))
+    saved = peak[False] - peak[True]
+    print("peak RSS: %.0f MiB saved (%.1f%% of %.0f MiB); step time: %+.1f%%" %
+          (saved, 100 * saved / peak[False], peak[False], 100 * (med[True] / med[False] - 1)))
+    same = all(x == y for x, y in zip(runs[False][2][0], runs[True][2][0]))
+    diff = max(abs(x - y) for x, y in zip(runs[False][2][0], runs[True][2][0]))
+    print("losses off vs on: %s (max |diff| %.2e)" % ("identical" if same else "differ", diff))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({("on" if on else "off"): {"median_step_s": med[on], "tokens_per_s": tokens / med[on],
+                                                 "peak_rss_mb": runs[on][1], "step_times_s": runs[on][0],
+                                                 "losses": runs[on][2]} for on in runs}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
