@@ -58,28 +58,40 @@ TokenDataset::TokenDataset(std::shared_ptr<const TokenFile> file, int64_t seq_le
   num_samples_ = (file_->size() - 1) / seq_len_;
 }
 
-const std::vector<int64_t>& TokenDataset::permutation(int64_t epoch) const {
-  if (perm_epoch_ == epoch) return perm_;
+TokenDataset::Permutation TokenDataset::permutation(int64_t epoch) const {
+  {
+    std::lock_guard<std::mutex> lock(perm_mutex_);
+    if (perm_epoch_ == epoch) return perm_;
+  }
+  // Built outside the lock: two threads asking for a new epoch at once both build it
+  // (the same vector), and neither waits on the other's O(N) shuffle.
   const auto e = static_cast<uint64_t>(epoch);
   std::seed_seq seq{static_cast<uint32_t>(seed_), static_cast<uint32_t>(seed_ >> 32),
                     static_cast<uint32_t>(e), static_cast<uint32_t>(e >> 32)};
   std::mt19937_64 gen(seq);
-  perm_.resize(static_cast<size_t>(num_samples_));
-  for (int64_t i = 0; i < num_samples_; ++i) perm_[static_cast<size_t>(i)] = i;
+  auto perm = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(num_samples_));
+  auto& p = *perm;
+  for (int64_t i = 0; i < num_samples_; ++i) p[static_cast<size_t>(i)] = i;
   // Fisher-Yates: position i takes a uniformly chosen element of [0, i].
   for (int64_t i = num_samples_ - 1; i > 0; --i) {
     const auto j = static_cast<int64_t>(draw_below(gen, static_cast<uint64_t>(i) + 1));
-    std::swap(perm_[static_cast<size_t>(i)], perm_[static_cast<size_t>(j)]);
+    std::swap(p[static_cast<size_t>(i)], p[static_cast<size_t>(j)]);
   }
+  std::lock_guard<std::mutex> lock(perm_mutex_);
   perm_epoch_ = epoch;
+  perm_ = std::move(perm);
   return perm_;
+}
+
+int64_t TokenDataset::offset_in(int64_t k, const Permutation& perm) const {
+  const int64_t slot = k % num_samples_;
+  if (!shuffle_) return slot * seq_len_;
+  return (*perm)[static_cast<size_t>(slot)] * seq_len_;
 }
 
 int64_t TokenDataset::sample_offset(int64_t k) const {
   TORCH_INTERNAL_ASSERT(k >= 0, "sample index must be >= 0, got ", k);
-  const int64_t slot = k % num_samples_;
-  if (!shuffle_) return slot * seq_len_;
-  return permutation(k / num_samples_)[static_cast<size_t>(slot)] * seq_len_;
+  return offset_in(k, shuffle_ ? permutation(k / num_samples_) : nullptr);
 }
 
 Batch TokenDataset::batch(int64_t first, int64_t count) const {
@@ -96,9 +108,17 @@ Batch TokenDataset::batch(const std::vector<int64_t>& samples) const {
   int64_t* inputs = out.inputs.data_ptr<int64_t>();
   int64_t* targets = out.targets.data_ptr<int64_t>();
   const uint16_t* tokens = file_->data();
+  Permutation perm;  // of epoch `perm_epoch`: looked up once per epoch the rows span, not per row
+  int64_t perm_epoch = -1;
   for (int64_t r = 0; r < rows; ++r) {
+    const int64_t k = samples[static_cast<size_t>(r)];
+    TORCH_INTERNAL_ASSERT(k >= 0, "sample index must be >= 0, got ", k);
+    if (shuffle_ && k / num_samples_ != perm_epoch) {
+      perm_epoch = k / num_samples_;
+      perm = permutation(perm_epoch);
+    }
     // Window [p, p+T] lies inside the file: p <= (N-1)*T and N*T <= size-1.
-    const uint16_t* window = tokens + sample_offset(samples[static_cast<size_t>(r)]);
+    const uint16_t* window = tokens + offset_in(k, perm);
     for (int64_t t = 0; t < seq_len_; ++t) {
       inputs[r * seq_len_ + t] = window[t];
       targets[r * seq_len_ + t] = window[t + 1];

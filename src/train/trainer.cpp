@@ -4,7 +4,10 @@
 // anomaly detector judge the step, act on the verdict (guard_actions.cpp), step the
 // optimizer unless the step is skipped, then write metrics, validate and checkpoint on
 // their cadences. Checkpoints are written to a temporary directory and renamed, so a
-// crash never leaves a half-written one behind.
+// crash never leaves a half-written one behind. A step's micro-batches come from a
+// single-slot prefetcher (data/prefetcher.h) that built them on its own thread while the
+// previous step computed; it is keyed by (step, data offset, injected fault), so a
+// rollback or a resume gets exactly the batches it would get without it.
 #include "gradguard/train/trainer.h"
 
 #include <chrono>
@@ -154,7 +157,19 @@ TrainResult Trainer::run_steps() {
     s_->furthest_step = std::max(s_->furthest_step, step);
     const bool inject_spike = first_visit && inject.spike_at(step);
     const bool inject_nonfinite = first_visit && inject.nonfinite_at(step);
-    rec.micro = s_->micro_batches(step, inject_spike, &rec.sample_index, s_->env.rank);
+    {
+      // This step's batches, built in the background during the previous step unless a
+      // rollback, a resume or the first step asks for a key nobody prefetched.
+      auto batches = s_->prefetcher->get(State::batch_key(step, s_->data_offset, inject_spike));
+      rec.micro = std::move(batches.micro);
+      rec.sample_index = batches.sample_index;
+      // The next step's, built while this one computes. The guess is exact unless this
+      // step rolls back (a new data offset: get() then misses and rebuilds).
+      if (step + 1 < c.schedule.total_steps) {
+        const bool next_spike = step + 1 > s_->furthest_step && inject.spike_at(step + 1);
+        s_->prefetcher->prefetch(State::batch_key(step + 1, s_->data_offset, next_spike));
+      }
+    }
     rec.injected = inject_spike ? "spike_batch" : inject_nonfinite ? "nonfinite_gradients" : "";
     rec.loss_scale = s_->scaler->scale();
     const bool measure_noise = c.guard.noise_scale.every > 0 && c.batch.accum_steps > 1 &&
@@ -286,7 +301,11 @@ TrainResult Trainer::run_steps() {
       if (main_rank) {
         why.clear();
         // A snapshot holds the whole global batch: every rank's micro-batches.
-        if (s_->comm) rec.micro = s_->micro_batches(step, inject_spike, &rec.sample_index, -1);
+        if (s_->comm) {
+          auto all = s_->micro_batches(step, s_->data_offset, inject_spike, -1);
+          rec.micro = std::move(all.micro);
+          rec.sample_index = all.sample_index;
+        }
         snapshot = s_->take_snapshot(rec, verdict, action == "halt", &why);
       }
       if (!snapshot.empty()) {

@@ -14,6 +14,7 @@
 #include "gradguard/amp/loss_scaler.h"
 #include "gradguard/config/config.h"
 #include "gradguard/core/threads.h"
+#include "gradguard/data/prefetcher.h"
 #include "gradguard/data/token_dataset.h"
 #include "gradguard/dist/communicator.h"
 #include "gradguard/dist/grad_sync.h"
@@ -87,12 +88,18 @@ struct Trainer::State {
   std::deque<double> recent_norms, recent_seconds;  // [last 50 steps] for the diagnosis
   MetricsWriter* metrics = nullptr;  // set while run() is running
 
-  // The micro-batches of `step` (DESIGN.md order, shifted by data_offset) for `rank`,
-  // with an injected spike applied where guard.inject.rank says; fills `sample_index`
-  // [accum, micro]. rank -1: every rank's, in global order g = m * world + rank
-  // ([accum * world] micro-batches: what a snapshot records).
-  std::vector<data::Batch> micro_batches(int64_t step, bool inject_spike, at::Tensor* sample_index,
-                                         int64_t rank) const;
+  // The micro-batches of `step` reading the data of step `step + data_offset`
+  // (DESIGN.md order, data::step_batches) for `rank`, with an injected spike applied
+  // where guard.inject.rank says. rank -1: every rank's, in global order
+  // g = m * world + rank ([accum * world] micro-batches: what a snapshot records).
+  // Reads only what is fixed after build() (config, rank layout, the dataset), never
+  // data_offset itself, so the prefetcher may call it on its thread.
+  data::StepBatches micro_batches(int64_t step, int64_t data_offset, bool inject_spike, int64_t rank) const;
+  // The prefetcher's key for `step`: everything micro_batches() reads that changes
+  // during a run.
+  static data::BatchPrefetcher::Key batch_key(int64_t step, int64_t data_offset, bool inject_spike) {
+    return {step, data_offset, inject_spike ? 1 : 0};
+  }
 
   // Setup steps of the constructor: the model, data, optimizer and guard (every rank);
   // the fresh run directory with config.yaml (rank 0).
@@ -118,6 +125,11 @@ struct Trainer::State {
   // Rolls back to the newest good checkpoint after an anomaly at `step` and skips the
   // data window that led to it. Returns the step training continues from.
   int64_t rollback(int64_t step, std::string* checkpoint_dir);
+
+  // Builds this rank's micro-batches of step N+1 while step N computes (micro_batches()
+  // on a background thread, keyed by batch_key()). Declared last so it is destroyed
+  // first: its thread calls micro_batches(), which reads the members above.
+  std::unique_ptr<data::BatchPrefetcher> prefetcher;
 };
 
 }  // namespace gradguard::train

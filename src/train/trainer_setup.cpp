@@ -193,6 +193,9 @@ void Trainer::State::build() {
   snapshots = std::make_unique<guard::SnapshotBudget>(c.guard.snapshot);
   noise = std::make_unique<guard::NoiseScaleEstimator>(c.guard.noise_scale.ema);
   if (c.telemetry.enabled) sampler = std::make_unique<telemetry::Sampler>(c.telemetry);
+  prefetcher = std::make_unique<data::BatchPrefetcher>(
+      [this](const data::BatchPrefetcher::Key& k) { return micro_batches(k[0], k[1], k[2] != 0, env.rank); },
+      device);
 }
 
 void Trainer::State::create_run_dir() {
@@ -278,55 +281,34 @@ int64_t Trainer::State::restore(const std::string& dir, bool with_guard) {
   return loaded.step;
 }
 
-std::vector<data::Batch> Trainer::State::micro_batches(int64_t step, bool inject_spike, at::Tensor* sample_index,
-                                                       int64_t rank) const {
+data::StepBatches Trainer::State::micro_batches(int64_t step, int64_t data_offset, bool inject_spike,
+                                                int64_t rank) const {
   const auto& b = cfg.batch;
   const int64_t T = cfg.data.seq_len;
   const int64_t world = env.world_size;
-  // One rank's micro-batches: sample k = (((step + data_offset) * accum + m) * world +
-  // rank) * micro + row (DESIGN.md order; with one rank exactly its formula).
-  auto shard = [&](int64_t r, int64_t* idx) {
-    std::vector<data::Batch> micro;
+  // Sample k = (((step + data_offset) * accum + m) * world + rank) * micro + row.
+  auto out = data::step_batches(*train, {b.micro_batch, b.accum_steps, world}, step + data_offset, rank);
+  if (!inject_spike) return out;
+  const int64_t spike_rank = cfg.guard.inject.rank;
+  // A corrupted batch: uniform random tokens, reproducible from (seed, step, rank); each
+  // affected rank draws its micro-batches m = 0, 1, ... in order from its own generator.
+  const int64_t ranks = rank >= 0 ? 1 : world;
+  for (int64_t i = 0; i < ranks; ++i) {
+    const int64_t r = rank >= 0 ? rank : i;
+    if (spike_rank != -1 && spike_rank != r) continue;
+    std::mt19937_64 rng(cfg.run.seed * 1000003ULL + static_cast<uint64_t>(step) +
+                        static_cast<uint64_t>(r) * 0x9E3779B97F4A7C15ULL);
+    std::uniform_int_distribution<int64_t> token(0, cfg.model.vocab_size - 1);
     for (int64_t m = 0; m < b.accum_steps; ++m) {
-      const int64_t first = (((step + data_offset) * b.accum_steps + m) * world + r) * b.micro_batch;
-      for (int64_t row = 0; row < b.micro_batch; ++row) idx[m * b.micro_batch + row] = first + row;
-      micro.push_back(train->batch(first, b.micro_batch));
+      auto& mb = out.micro[static_cast<size_t>(m * ranks + i)];
+      auto window = torch::empty({b.micro_batch, T + 1}, torch::kLong);
+      auto* w = window.data_ptr<int64_t>();
+      for (int64_t j = 0; j < window.numel(); ++j) w[j] = token(rng);
+      mb.inputs = window.narrow(1, 0, T).contiguous();
+      mb.targets = window.narrow(1, 1, T).contiguous();
     }
-    const int64_t spike_rank = cfg.guard.inject.rank;
-    if (inject_spike && (spike_rank == -1 || spike_rank == r)) {
-      // A corrupted batch: uniform random tokens, reproducible from (seed, step, rank).
-      std::mt19937_64 rng(cfg.run.seed * 1000003ULL + static_cast<uint64_t>(step) +
-                          static_cast<uint64_t>(r) * 0x9E3779B97F4A7C15ULL);
-      std::uniform_int_distribution<int64_t> token(0, cfg.model.vocab_size - 1);
-      for (auto& mb : micro) {
-        auto window = torch::empty({b.micro_batch, T + 1}, torch::kLong);
-        auto* w = window.data_ptr<int64_t>();
-        for (int64_t i = 0; i < window.numel(); ++i) w[i] = token(rng);
-        mb.inputs = window.narrow(1, 0, T).contiguous();
-        mb.targets = window.narrow(1, 1, T).contiguous();
-      }
-    }
-    return micro;
-  };
-  if (rank >= 0) {
-    *sample_index = torch::empty({b.accum_steps, b.micro_batch}, torch::kLong);
-    return shard(rank, sample_index->data_ptr<int64_t>());
   }
-  // Every rank's, interleaved as g = m * world + r: consecutive samples in the order.
-  *sample_index = torch::empty({b.accum_steps * world, b.micro_batch}, torch::kLong);
-  std::vector<std::vector<data::Batch>> per_rank;
-  std::vector<at::Tensor> per_rank_index;
-  for (int64_t r = 0; r < world; ++r) {
-    per_rank_index.push_back(torch::empty({b.accum_steps, b.micro_batch}, torch::kLong));
-    per_rank.push_back(shard(r, per_rank_index.back().data_ptr<int64_t>()));
-  }
-  std::vector<data::Batch> all;
-  for (int64_t m = 0; m < b.accum_steps; ++m)
-    for (int64_t r = 0; r < world; ++r) {
-      all.push_back(per_rank[r][m]);
-      (*sample_index)[m * world + r].copy_(per_rank_index[r][m]);
-    }
-  return all;
+  return out;
 }
 
 at::Tensor Trainer::State::side_values(const Accumulation& partial) const {

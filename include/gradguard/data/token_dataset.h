@@ -7,10 +7,15 @@
 // the end of the data. With shuffling, epoch e = k / N uses its own permutation of the
 // N samples, drawn from a 64-bit Mersenne Twister seeded with (seed, e), so the order
 // depends only on the seed and never on torch's RNG state.
+//
+// A dataset may be read from several threads at once (the trainer's batch prefetcher
+// builds the next step's batches while the main thread may read a snapshot's): the
+// token file is a read-only map and the one cached permutation sits behind a mutex.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -47,6 +52,7 @@ class TokenDataset {
   const TokenFile& file() const { return *file_; }
 
   // Token offset p of global sample k (k >= 0; wraps at N as described above).
+  // Thread-safe, as are both batch() overloads.
   int64_t sample_offset(int64_t k) const;
 
   // Samples first, first+1, ..., first+count-1 stacked into a batch.
@@ -57,15 +63,19 @@ class TokenDataset {
   Batch batch(const std::vector<int64_t>& samples) const;
 
  private:
-  const std::vector<int64_t>& permutation(int64_t epoch) const;
+  using Permutation = std::shared_ptr<const std::vector<int64_t>>;  // [N] slot -> sample in file order
+  Permutation permutation(int64_t epoch) const;
+  // Offset of sample k given the permutation of k's epoch (null without shuffling).
+  int64_t offset_in(int64_t k, const Permutation& perm) const;
 
   std::shared_ptr<const TokenFile> file_;
   int64_t seq_len_;
   bool shuffle_;
   uint64_t seed_;
   int64_t num_samples_;
+  mutable std::mutex perm_mutex_;       // guards the two members below
   mutable int64_t perm_epoch_ = -1;     // epoch whose permutation perm_ holds
-  mutable std::vector<int64_t> perm_;   // [N] sample slot -> sample in file order
+  mutable Permutation perm_;            // the newest epoch's permutation (shared with readers)
 };
 
 }  // namespace gradguard::data
