@@ -6,9 +6,10 @@ with its defaults: the same Llama (tests/golden/llama_reference.py, the model th
 one is checked against), byte-level token files in llm.c's format, micro-batches with
 gradient accumulation, AdamW with weight decay on matrices only, clip_grad_norm_,
 linear warmup then cosine decay to a floor, and one .item() per step for the log.
-No guard, no metrics file, no telemetry. Its best settings are options: thread count
-(OPENBLAS_NUM_THREADS=1 is set by the driver, see bench/train_compare.py) and the
-foreach AdamW implementation.
+No guard, no metrics file, no telemetry. Its best settings are options: torch's thread count
+(the driver, bench/train_compare.py, runs it both ways: OpenBLAS's pool with the threads
+and torch at 1, and torch with the threads and OPENBLAS_NUM_THREADS=1) and the foreach
+AdamW implementation.
 
 Prints one JSON object per step {"step", "step_s", "loss", "tokens"} and a final
 {"done": true, "peak_rss_mb": ...}.

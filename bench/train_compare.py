@@ -5,13 +5,18 @@ For each model size, runs interleaved rounds of three processes, A B C A B C ...
   A  gradguard, guard off  (guard.enabled=false, no telemetry, no noise scale, no
      TensorBoard; metrics.jsonl only)
   B  bench/python_loop.py  (python3-torch: the same Llama, AdamW, clip_grad_norm_,
-     warmup + cosine; its best settings: foreach AdamW, ATen threads = cores,
-     OPENBLAS_NUM_THREADS=1)
+     warmup + cosine, foreach AdamW) with its two sane thread splits, both run:
+       B1 the threads in OpenBLAS's pool (OPENBLAS_NUM_THREADS=cores, torch threads 1)
+       B2 the threads in ATen's pool (torch.set_num_threads(cores), OPENBLAS_NUM_THREADS=1)
+     "vs python" compares against the faster of the two, so the reference always has
+     its best setting (both pools at full width oversubscribe the cores and are slower
+     than either; docs/performance.md)
   C  gradguard, guard fully on (the defaults: fused statistics and per-layer norms,
      anomaly detection, noise scale, telemetry sampler, metrics and TensorBoard)
 Each process drops its first --skip steps (warm-up: allocator, thread pools, caches);
 the table reports the median step time over all kept steps of all rounds, tokens/s,
-each process's peak RSS (wait4), and the ratios. Interleaving spreads the machine's
+each process's peak RSS (wait4), and the ratios. gradguard runs with
+run.thread_pool=--pool (default auto: OpenBLAS's pool where the BLAS is OpenBLAS). Interleaving spreads the machine's
 noise over all three instead of favouring whichever ran in a quiet minute.
 
   bench/train_compare.py                       # both sizes, 3 rounds
@@ -55,7 +60,7 @@ def run(args, env=None):
     return text, usage.ru_maxrss / 1024.0, time.perf_counter() - t0
 
 
-def gradguard(exe, size, guard, skip, tmp, threads):
+def gradguard(exe, size, guard, skip, tmp, threads, pool):
     h, i, layers, heads, kv, seq, micro, accum, steps = SIZES[size]
     sets = ["model.hidden_size=%d" % h, "model.intermediate_size=%d" % i, "model.num_layers=%d" % layers,
             "model.num_heads=%d" % heads, "model.num_kv_heads=%d" % kv, "data.seq_len=%d" % seq,
@@ -63,7 +68,7 @@ def gradguard(exe, size, guard, skip, tmp, threads):
             "schedule.warmup_steps=2",
             "data.val_path=\"\"", "checkpoint.every=0", "log.progress=quiet", "log.report=false",
             "run.dir=%s" % tmp, "run.name=%s" % ("on" if guard else "off"), "run.overwrite=true",
-            "run.threads=%d" % threads, "optim.weight_decay=0.1"]
+            "run.threads=%d" % threads, "run.thread_pool=%s" % pool, "optim.weight_decay=0.1"]
     if not guard:
         sets += ["guard.enabled=false", "telemetry.enabled=false", "guard.noise_scale.every=0",
                  "log.tensorboard=false"]
@@ -80,13 +85,13 @@ def gradguard(exe, size, guard, skip, tmp, threads):
     return times, rss
 
 
-def python_loop(size, skip, data, threads):
+def python_loop(size, skip, data, threads, pool):
     h, i, layers, heads, kv, seq, micro, accum, steps = SIZES[size]
     argv = ["/usr/bin/python3", os.path.join(ROOT, "bench", "python_loop.py"), "--data", data,
             "--hidden", str(h), "--intermediate", str(i), "--layers", str(layers), "--heads", str(heads),
             "--kv-heads", str(kv), "--seq", str(seq), "--micro", str(micro), "--accum", str(accum),
-            "--steps", str(steps), "--total-steps", str(steps), "--warmup", "2", "--threads", str(threads), "--foreach"]
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+            "--steps", str(steps), "--total-steps", str(steps), "--warmup", "2", "--threads", str(1 if pool == "blas" else threads), "--foreach"]
+    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads if pool == "blas" else 1))
     text, rss, _ = run(argv, env)
     times = [j["step_s"] for j in map(json.loads, text.splitlines()) if "step_s" in j and j["step"] >= skip]
     return times, rss
@@ -98,6 +103,7 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--skip", type=int, default=2, help="steps dropped at the start of each process")
     p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--pool", default="auto", choices=["auto", "aten", "blas"], help="gradguard's run.thread_pool")
     p.add_argument("--data", default=os.path.join(ROOT, "data", "brown", "train.bin"))
     p.add_argument("--gradguard", default=os.path.join(ROOT, "build", "gradguard"))
     p.add_argument("--json", help="also write the results here")
@@ -109,25 +115,26 @@ def main():
                 sys.exit("train_compare.py: unknown size %r (known: %s)" % (size, ", ".join(SIZES)))
             h, i, layers, heads, kv, seq, micro, accum, steps = SIZES[size]
             tokens = seq * micro * accum
-            runs = {"A gradguard, guard off": ([], []), "B python loop": ([], []), "C gradguard, guard on": ([], [])}
+            runs = {"A gradguard, guard off": ([], []), "B1 python loop, threads in BLAS": ([], []),
+                    "B2 python loop, threads in ATen": ([], []), "C gradguard, guard on": ([], [])}
             for r in range(a.rounds):
                 print("%s: round %d/%d" % (size, r + 1, a.rounds), file=sys.stderr, flush=True)
                 for name in runs:
                     if name.startswith("A"):
-                        t, rss = gradguard(a.gradguard, size, False, a.skip, tmp, a.threads)
+                        t, rss = gradguard(a.gradguard, size, False, a.skip, tmp, a.threads, a.pool)
                     elif name.startswith("B"):
-                        t, rss = python_loop(size, a.skip, a.data, a.threads)
+                        t, rss = python_loop(size, a.skip, a.data, a.threads, "blas" if name.startswith("B1") else "aten")
                     else:
-                        t, rss = gradguard(a.gradguard, size, True, a.skip, tmp, a.threads)
+                        t, rss = gradguard(a.gradguard, size, True, a.skip, tmp, a.threads, a.pool)
                     runs[name][0].extend(t)
                     runs[name][1].append(rss)
             med = {n: statistics.median(t) for n, (t, _) in runs.items()}
-            py = med["B python loop"]
+            py = min(med[n] for n in runs if n.startswith("B"))  # the reference at its best split
             print("\n%s: %d layers x %d wide (%.1fM parameters), %d tokens/step (micro %d x accum %d x seq %d), "
-                  "%d threads, %d rounds x %d kept steps" % (size, layers, h, params(h, i, layers, heads, kv) / 1e6,
-                                                            tokens, micro, accum, seq, a.threads, a.rounds,
+                  "%d threads (gradguard run.thread_pool=%s), %d rounds x %d kept steps" % (size, layers, h, params(h, i, layers, heads, kv) / 1e6,
+                                                            tokens, micro, accum, seq, a.threads, a.pool, a.rounds,
                                                             steps - a.skip))
-            print("| run | median step s | tokens/s | vs python | peak RSS MiB |")
+            print("| run | median step s | tokens/s | vs python (best B) | peak RSS MiB |")
             print("|---|---:|---:|---:|---:|")
             for n, (t, rss) in runs.items():
                 print("| %s | %.4f | %.0f | %.3fx | %.0f |" % (n, med[n], tokens / med[n], py / med[n], max(rss)))

@@ -14,8 +14,11 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include <ATen/Parallel.h>
+
+#include "gradguard/core/error.h"
 
 namespace gradguard {
 namespace {
@@ -76,25 +79,36 @@ int64_t default_threads(int64_t requested, int64_t local_world_size) {
   return thread_share(requested, local_world_size, affinity_cpus(), online_cpus(), cgroup_cpu_limit());
 }
 
-ThreadReport configure_threads(int64_t requested) {
+std::string resolve_thread_pool(const std::string& requested, const std::string& blas) {
+  if (requested != "auto" && requested != "aten" && requested != "blas")
+    throw bad_input("run.thread_pool", "'" + requested + "' is not valid (valid: auto, aten, blas)");
+  if (blas == "unknown" || blas.empty()) return "aten";
+  if (requested == "auto") return blas == "openblas" ? "blas" : "aten";
+  return requested;
+}
+
+ThreadReport configure_threads(int64_t threads, const std::string& pool) {
   ThreadReport report;
-  const int64_t n = default_threads(requested);
-  at::set_num_threads(static_cast<int>(n));
-  report.intra_op = at::get_num_threads();
-  struct Setter {
-    const char* symbol;
-    const char* name;
-  };
-  for (const Setter& s : {Setter{"openblas_set_num_threads", "openblas"}, Setter{"MKL_Set_Num_Threads", "mkl"},
-                          Setter{"bli_thread_set_num_threads", "blis"}}) {
-    if (void* fn = dlsym(RTLD_DEFAULT, s.symbol)) {
-      reinterpret_cast<void (*)(int)>(fn)(1);
-      report.blas = s.name;
-      report.blas_pinned = true;
+  const int64_t n = default_threads(threads);
+  using Setter = void (*)(int);
+  Setter set_blas = nullptr;
+  for (const auto& [symbol, name] : {std::pair<const char*, const char*>{"openblas_set_num_threads", "openblas"},
+                                     {"MKL_Set_Num_Threads", "mkl"}, {"bli_thread_set_num_threads", "blis"}}) {
+    if (void* fn = dlsym(RTLD_DEFAULT, symbol)) {
+      set_blas = reinterpret_cast<Setter>(fn);
+      report.blas = name;
       break;
     }
   }
   if (report.blas.empty()) report.blas = "unknown";
+  report.pool = resolve_thread_pool(pool, report.blas);
+  const int64_t aten = report.pool == "blas" ? 1 : n;
+  at::set_num_threads(static_cast<int>(aten));
+  report.intra_op = at::get_num_threads();
+  if (set_blas) {
+    report.blas_threads = report.pool == "blas" ? n : 1;
+    set_blas(static_cast<int>(report.blas_threads));
+  }
   return report;
 }
 

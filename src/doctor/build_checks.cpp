@@ -149,6 +149,8 @@ Check check_threads(const ThreadFacts& f) {
   const int64_t ranks = std::max<int64_t>(1, f.local_world_size);
   const int64_t blas = std::max<int64_t>(1, f.blas_threads);
   const int64_t node = f.intra_op * blas * ranks;
+  // The wider of the two pools is what a rank computes with (the other should be 1).
+  const int64_t used = std::max<int64_t>(f.intra_op, blas) * ranks;
   const std::string blas_text = f.blas_threads < 0 ? "?" : std::to_string(f.blas_threads);
   Check c =
       make_check("threads", Status::kPass,
@@ -167,23 +169,24 @@ Check check_threads(const ThreadFacts& f) {
                   (long long)node, (long long)f.cores);
     if (blas > 1)
       c.detail +=
-          "; pin the BLAS pool to 1 thread (gradguard does when it finds the library's setter)";
-    if (f.intra_op * ranks > f.cores)
+          "; give the threads to one pool and set the other to 1 (gradguard does, run.thread_pool, "
+          "when it finds the BLAS library's setter)";
+    if (used > f.cores)
       c.detail += strprintf("; set run.threads to %lld (CPUs / ranks on this node)",
                             (long long)std::max<int64_t>(1, f.cores / ranks));
   } else if (f.blas_threads < 0 && threaded_blas) {
     c.status = Status::kWarn;
     c.detail =
         "cannot read the " + f.blas + " thread count, so oversubscription cannot be ruled out";
-  } else if (2 * f.intra_op * ranks < f.cores) {
+  } else if (2 * used < f.cores) {
     c.status = Status::kWarn;
     c.detail = strprintf("uses %lld of %lld CPUs: run.threads: 0 takes its share of all of them",
-                         (long long)(f.intra_op * ranks), (long long)f.cores);
+                         (long long)used, (long long)f.cores);
   }
-  if (f.blas_threads_at_start > 1 && f.blas_threads == 1)
+  if (f.blas_threads_at_start > 0 && f.blas_threads > 0 && f.blas_threads_at_start != f.blas_threads)
     c.detail += (c.detail.empty() ? "" : "; ") +
-                strprintf("the BLAS pool started with %lld threads; gradguard pinned it to 1",
-                          (long long)f.blas_threads_at_start);
+                strprintf("the BLAS pool started with %lld threads; gradguard set it to %lld",
+                          (long long)f.blas_threads_at_start, (long long)f.blas_threads);
   return c;
 }
 

@@ -121,7 +121,7 @@ Check thread_count(const std::string& var, const std::string& value, const HostF
     return named(var, Status::kFail, value,
                  "not a positive integer: the library ignores it or refuses to start its pool");
   const std::string overridden =
-      "gradguard sets ATen's intra-op threads itself (run.threads) and pins the BLAS pool to 1; "
+      "gradguard sizes ATen's intra-op and the BLAS pool itself (run.threads, run.thread_pool); "
       "this still sizes pools other code starts";
   const int64_t total = n * std::max<int64_t>(1, host.local_world_size);
   if (total > host.cores)

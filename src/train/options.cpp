@@ -22,6 +22,8 @@ void RunOptions::validate() const {
     throw bad_input("run.device", "'" + device + "' is not valid (valid: cpu, auto, cuda, cuda:N)");
   if (threads < 0 || threads > 1024)
     throw bad_input("run.threads", "must be in [0, 1024] (0 = all cores), got " + std::to_string(threads));
+  if (thread_pool != "auto" && thread_pool != "aten" && thread_pool != "blas")
+    throw bad_input("run.thread_pool", "'" + thread_pool + "' is not valid (valid: auto, aten, blas)");
 }
 
 void BatchOptions::validate() const {

@@ -84,11 +84,12 @@ TrainResult Trainer::run_steps() {
   char header[512];
   std::snprintf(header, sizeof header,
                 "gradguard %s | model %lld params (%lld layers x %lld wide) | %lld seq x %lld tokens = %lld tokens/step "
-                "(micro %lld x accum %lld) | %lld threads, BLAS %s | run %s",
+                "(micro %lld x accum %lld) | threads: %lld ATen, %lld %s | run %s",
                 GRADGUARD_VERSION, (long long)result.parameters, (long long)c.model.num_layers,
                 (long long)c.model.hidden_size, (long long)c.batch.global_batch, (long long)c.data.seq_len,
                 (long long)(c.batch.global_batch * c.data.seq_len), (long long)c.batch.micro_batch,
-                (long long)c.batch.accum_steps, (long long)s_->threads.intra_op, s_->threads.blas.c_str(),
+                (long long)c.batch.accum_steps, (long long)s_->threads.intra_op,
+                (long long)s_->threads.blas_threads, s_->threads.blas.c_str(),
                 s_->run_dir.c_str());
   progress.line(header);
   for (const auto& w : c.warnings) progress.line("warning: " + w);

@@ -94,7 +94,7 @@ Trainer::Trainer(config::Config config, std::FILE* out, const std::string& resum
   configure_allocator();
   // Ranks sharing a node share its cores: by default each takes its share, so ATen's
   // threads of one rank do not fight another's.
-  s_->threads = configure_threads(default_threads(c.run.threads, s_->env.local_world_size));
+  s_->threads = configure_threads(default_threads(c.run.threads, s_->env.local_world_size), c.run.thread_pool);
   if (s_->env.distributed()) s_->comm = std::make_unique<dist::Communicator>(s_->env, c.dist, s_->device);
   torch::manual_seed(c.run.seed);
 

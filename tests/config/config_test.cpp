@@ -81,6 +81,8 @@ TEST(Config, OutOfRangeValuesNameWhatIsValid) {
   EXPECT_THAT(error_of_set("data.seq_len=4096"), HasSubstr("data.seq_len: must be <= model.max_seq_len"));
   EXPECT_THAT(error_of_set("model.num_kv_heads=3"), HasSubstr("model.num_kv_heads"));
   EXPECT_THAT(error_of_set("run.device=tpu"), HasSubstr("valid: cpu, auto, cuda, cuda:N"));
+  EXPECT_THAT(error_of_set("run.thread_pool=both"), HasSubstr("run.thread_pool: 'both' is not valid (valid: auto, aten, blas)"));
+  EXPECT_THAT(error_of_set("optim.implementation=turbo"), HasSubstr("optim.implementation"));
   EXPECT_THAT(error_of_set("log.progress=fancy"), HasSubstr("log.progress"));
   EXPECT_THAT(error_of_set("eval.batches=0"), HasSubstr("eval.batches"));
   EXPECT_THAT(error_of_set("checkpoint.keep_last=-2"), HasSubstr("checkpoint.keep_last"));

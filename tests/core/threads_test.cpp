@@ -1,5 +1,6 @@
 // The CPU thread policy: usable CPUs follow the affinity mask (what `taskset` and
 // container runtimes set), and ranks sharing a node split them.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <sched.h>
@@ -8,6 +9,7 @@
 
 #include <ATen/Parallel.h>
 
+#include "gradguard/core/error.h"
 #include "gradguard/core/threads.h"
 
 namespace gradguard {
@@ -59,13 +61,45 @@ TEST(Threads, UnpinnedRanksSplitTheNode) {
   EXPECT_EQ(default_threads(0, 1000), 1);  // never zero
 }
 
-TEST(Threads, ConfigureThreadsSetsAtenAndPinsBlas) {
+TEST(Threads, ConfigureThreadsGivesTheThreadsToOnePool) {
   const int before = at::get_num_threads();
-  const ThreadReport r = configure_threads(1);
-  EXPECT_EQ(r.intra_op, 1);
+  const ThreadReport aten = configure_threads(3, "aten");
+  EXPECT_EQ(aten.pool, "aten");
+  EXPECT_EQ(aten.intra_op, 3);
+  EXPECT_EQ(at::get_num_threads(), 3);
+  if (aten.blas != "unknown") EXPECT_EQ(aten.blas_threads, 1);  // the other pool: one thread
+
+  const ThreadReport blas = configure_threads(3, "blas");
   EXPECT_EQ(at::get_num_threads(), 1);
-  if (r.blas != "unknown") EXPECT_TRUE(r.blas_pinned);
+  EXPECT_EQ(blas.intra_op, 1);
+  if (blas.blas == "unknown") {
+    EXPECT_EQ(blas.pool, "aten");  // nothing to give BLAS threads to: ATen keeps one
+  } else {
+    EXPECT_EQ(blas.pool, "blas");
+    EXPECT_EQ(blas.blas_threads, 3);
+  }
+  // This test binary links the system LibTorch, which on Debian uses OpenBLAS: auto picks
+  // its pool there (the measured faster split, docs/performance.md).
+  const ThreadReport automatic = configure_threads(2, "auto");
+  EXPECT_EQ(automatic.pool, automatic.blas == "openblas" ? "blas" : "aten");
   at::set_num_threads(before);
+}
+
+TEST(Threads, ResolvesThePoolPerBlasAndRejectsUnknownNames) {
+  // Reference: the policy in core/threads.h.
+  EXPECT_EQ(resolve_thread_pool("auto", "openblas"), "blas");
+  EXPECT_EQ(resolve_thread_pool("auto", "mkl"), "aten");
+  EXPECT_EQ(resolve_thread_pool("auto", "unknown"), "aten");
+  EXPECT_EQ(resolve_thread_pool("blas", "mkl"), "blas");
+  EXPECT_EQ(resolve_thread_pool("blas", "unknown"), "aten");
+  EXPECT_EQ(resolve_thread_pool("aten", "openblas"), "aten");
+  try {
+    resolve_thread_pool("both", "openblas");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("run.thread_pool"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("both"));
+  }
 }
 
 }  // namespace

@@ -26,6 +26,7 @@ namespace {
 using doctor::Check;
 using doctor::Status;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 dist::EnvLookup env_of(std::map<std::string, std::string> vars) {
   auto held = std::make_shared<std::map<std::string, std::string>>(std::move(vars));
@@ -205,7 +206,23 @@ TEST(DoctorThreads, OversubscriptionFails) {
   f.cores = 1, f.blas_threads = -1;  // cannot rule it out
   EXPECT_EQ(doctor::check_threads(f).status, Status::kWarn);
   f.blas_threads = 1, f.blas_threads_at_start = 2;
-  EXPECT_THAT(doctor::check_threads(f).detail, HasSubstr("pinned it to 1"));
+  EXPECT_THAT(doctor::check_threads(f).detail, HasSubstr("set it to 1"));
+}
+
+TEST(DoctorThreads, ThreadsInTheBlasPoolCountLikeAtensOwn) {
+  // run.thread_pool=blas: ATen on 1 thread, OpenBLAS on the cores.
+  doctor::ThreadFacts f;
+  f.blas = "openblas", f.cores = 2, f.intra_op = 1, f.blas_threads = 2, f.blas_threads_at_start = 2;
+  const auto ok = doctor::check_threads(f);
+  EXPECT_EQ(ok.status, Status::kPass) << ok.detail;
+  EXPECT_THAT(ok.detail, Not(HasSubstr("gradguard set it")));  // unchanged from the start
+  f.cores = 8;  // 2 of 8 CPUs
+  EXPECT_EQ(doctor::check_threads(f).status, Status::kWarn);
+  EXPECT_THAT(doctor::check_threads(f).detail, HasSubstr("uses 2 of 8 CPUs"));
+  f.cores = 2, f.local_world_size = 2;  // two ranks with 2 BLAS threads each on 2 cores
+  const auto over = doctor::check_threads(f);
+  EXPECT_EQ(over.status, Status::kFail);
+  EXPECT_THAT(over.detail, HasSubstr("run.threads to 1"));
 }
 
 TEST(DoctorCpu, ParsesCpuinfoAndEstimatesThePeak) {

@@ -14,8 +14,9 @@ struct RunOptions {
   std::string dir = "runs";    // parent of run directories
   uint64_t seed = 1234;        // seeds weight init, data shuffling and dropout-free sampling
   std::string device = "cpu";  // cpu | cuda | cuda:N (auto = cuda when available)
-  int64_t threads = 0;         // intra-op threads; 0 = all cores. BLAS is pinned to 1 thread
-                               // so it cannot oversubscribe the cores ATen already uses
+  int64_t threads = 0;         // CPU threads; 0 = all cores (this rank's share of them)
+  std::string thread_pool = "auto";  // who gets them: aten | blas | auto (core/threads.h);
+                                     // the other pool runs on one thread
   bool overwrite = false;      // false: refuse a run directory that already has a run in it
   void validate() const;
 };
