@@ -20,6 +20,7 @@
 #include "gradguard/core/compat.h"
 #include "gradguard/core/error.h"
 #include "gradguard/model/attention.h"
+#include "gradguard/model/fused_ops.h"
 
 namespace gradguard::model {
 namespace {
@@ -30,19 +31,6 @@ void require(bool ok, const std::string& key, const std::string& what) {
 
 torch::nn::Linear linear(int64_t in, int64_t out) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
-}
-
-// HF rotate_half: cat(-x2, x1) over the last dimension's two halves.
-torch::Tensor rotate_half(const torch::Tensor& x) {
-  auto halves = x.chunk(2, -1);
-  return torch::cat({-halves[1], halves[0]}, -1);
-}
-
-torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
-  // x [B, H, T, hd]; cos/sin [T, hd] broadcast, in x's dtype as HF does under autocast.
-  if (cos.scalar_type() != x.scalar_type())
-    return x * cos.to(x.scalar_type()) + rotate_half(x) * sin.to(x.scalar_type());
-  return x * cos + rotate_half(x) * sin;
 }
 
 // Keeps the layer alive and reachable from its checkpoint node until backward.
@@ -200,10 +188,8 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
 }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
-  // Computed in float32 as HF does, then cast back to the input dtype.
-  auto xf = x.to(torch::kFloat);
-  auto normed = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps_);
-  return weight * normed.to(x.scalar_type());
+  // Computed in float32 as HF does, then cast back to the input dtype (fused_ops.h).
+  return rms_norm(x, weight, eps_);
 }
 
 AttentionImpl::AttentionImpl(const LlamaOptions& o)
@@ -217,11 +203,10 @@ AttentionImpl::AttentionImpl(const LlamaOptions& o)
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                      const torch::Tensor& sin) {
   const int64_t B = x.size(0), T = x.size(1);
-  auto q = q_proj(x).view({B, T, num_heads_, head_dim_}).transpose(1, 2);     // [B, H, T, hd]
-  auto k = k_proj(x).view({B, T, num_kv_heads_, head_dim_}).transpose(1, 2);  // [B, KV, T, hd]
-  auto v = v_proj(x).view({B, T, num_kv_heads_, head_dim_}).transpose(1, 2);  // [B, KV, T, hd]
-  q = apply_rope(q, cos, sin);
-  k = apply_rope(k, cos, sin);
+  // RoPE on the projections' own layout [B, T, heads, hd], then heads move to dim 1.
+  auto q = rope(q_proj(x).view({B, T, num_heads_, head_dim_}), cos, sin).transpose(1, 2);     // [B, H, T, hd]
+  auto k = rope(k_proj(x).view({B, T, num_kv_heads_, head_dim_}), cos, sin).transpose(1, 2);  // [B, KV, T, hd]
+  auto v = v_proj(x).view({B, T, num_kv_heads_, head_dim_}).transpose(1, 2);                  // [B, KV, T, hd]
   auto out = causal_attention(q, k, v);                                        // [B, H, T, hd]
   return o_proj(out.transpose(1, 2).reshape({B, T, num_heads_ * head_dim_}));
 }
@@ -233,7 +218,7 @@ MlpImpl::MlpImpl(const LlamaOptions& o) {
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
+  return down_proj(swiglu(gate_proj(x), up_proj(x)));
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const LlamaOptions& o) {
