@@ -80,8 +80,9 @@ int main(int argc, char** argv) {
   const int repeats = argc > 1 ? std::atoi(argv[1]) : 30;
   const bool allocator = configure_allocator();
   auto threads = configure_threads(0);
-  std::printf("guard_cost: %lld threads, BLAS %s, LibTorch %s, allocator tuned: %s, %d interleaved repeats (medians)\n\n",
-              (long long)threads.intra_op, threads.blas.c_str(), TORCH_VERSION, allocator ? "yes" : "no", repeats);
+  std::printf("guard_cost: threads %lld ATen, %lld %s, LibTorch %s, allocator tuned: %s, %d interleaved repeats (medians)\n\n",
+              (long long)threads.intra_op, (long long)threads.blas_threads, threads.blas.c_str(), TORCH_VERSION,
+              allocator ? "yes" : "no", repeats);
 
   // ---- Part 1: statistics + clip -------------------------------------------------------
   {

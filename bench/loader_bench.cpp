@@ -145,8 +145,9 @@ int main(int argc, char** argv) {
   };
 
   const auto threads = configure_threads(0);
-  std::printf("loader_bench: %lld threads, BLAS %s, LibTorch %s, %.1f s per loader figure (median of 5 rounds)\n",
-              (long long)threads.intra_op, threads.blas.c_str(), TORCH_VERSION, seconds);
+  std::printf("loader_bench: threads %lld ATen, %lld %s, LibTorch %s, %.1f s per loader figure (median of 5 rounds)\n",
+              (long long)threads.intra_op, (long long)threads.blas_threads, threads.blas.c_str(), TORCH_VERSION,
+              seconds);
   bool first = true;
   for (const auto& setup : setups) {
     auto sets = common;
