@@ -47,6 +47,7 @@
 #include "gradguard/guard/detector.h"
 #include "gradguard/model/llama.h"
 #include "gradguard/optim/optimizer.h"
+#include "gradguard/train/guarded_step.h"
 #include "gradguard/train/step.h"
 
 using namespace gradguard;
@@ -169,22 +170,9 @@ class Bench {
     auto acc = train::accumulate(*net_, micro, tokens_per_step(), amp_, device_, s, /*measure_first=*/false);
     std::vector<torch::Tensor> extras = {acc.loss};
     extras.insert(extras.end(), acc.micro_losses.begin(), acc.micro_losses.end());
-    const auto st = stats_->compute(1.0 / s, extras, clipper_->device_hook());  // the one host sync
-    const auto clip = clipper_->apply(st);
-    const auto update = scaler_->update(st.nonfinite);
-    guard::StepObservation obs;
-    obs.step = step_;
-    obs.loss = st.extras[0];
-    obs.grad_norm = clip.grad_norm;
-    obs.clip_threshold = clip.threshold;
-    obs.update_bounded = true;
-    obs.layer_norms = st.layer_norms;
-    obs.scaler_dynamic = scaler_->mode() == "dynamic";
-    obs.scaler_backed_off = update.backed_off;
-    const auto verdict = detector_->observe(obs);
-    const bool apply = !update.skipped && !verdict.critical();
-    if (apply) optimizer_->step();
-    detector_->record_outcome(apply);
+    const auto g = train::guarded_update(step_, s, extras, *stats_, *clipper_, *scaler_, *detector_, *optimizer_);
+    const auto& st = g.stats;
+    const auto& update = g.scaler;
     last_loss_ = st.extras[0];
     if (update.skipped) ++skipped_;
     ++step_;

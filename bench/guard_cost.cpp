@@ -26,6 +26,7 @@
 #include "gradguard/amp/loss_scaler.h"
 #include "gradguard/core/allocator.h"
 #include "gradguard/core/threads.h"
+#include "gradguard/train/guarded_step.h"
 #include "gradguard/grad/clip.h"
 #include "gradguard/grad/grad_stats.h"
 #include "gradguard/guard/detector.h"
@@ -179,20 +180,9 @@ int main(int argc, char** argv) {
       std::vector<torch::Tensor> extras = {acc.loss};
       extras.insert(extras.end(), acc.micro_losses.begin(), acc.micro_losses.end());
       if (measure) extras.push_back(acc.first_sq_norm);
-      auto st = stats.compute(1.0 / s, extras, clipper.device_hook());
-      auto c = clipper.apply(st);
-      auto u = scaler.update(st.nonfinite);
-      guard::StepObservation obs;
-      obs.step = step;
-      obs.loss = st.extras[0];
-      obs.grad_norm = c.grad_norm;
-      obs.clip_threshold = c.threshold;
-      obs.update_bounded = true;
-      obs.layer_norms = st.layer_norms;
-      auto verdict = detector.observe(obs);
-      const bool apply = !u.skipped && !verdict.critical();
-      if (apply) opt->step();
-      detector.record_outcome(apply);
+      const auto g = train::guarded_update(step, s, extras, stats, clipper, scaler, detector, *opt);
+      const auto& st = g.stats;
+      const auto& c = g.clip;
       double ns = NAN;
       if (measure) ns = noise.update(st.extras.back() * 4, 16, c.grad_norm * c.grad_norm, 32);
       for (const auto& sample : sampler.drain()) metrics.write_telemetry(step, sample);

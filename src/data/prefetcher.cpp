@@ -50,15 +50,19 @@ BatchPrefetcher::~BatchPrefetcher() {
   worker_.join();
 }
 
+void BatchPrefetcher::request_locked(const Key& key) {
+  wanted_ = key;
+  ++generation_;
+  done_ = false;
+  value_ = StepBatches();
+  error_ = nullptr;
+}
+
 void BatchPrefetcher::prefetch(const Key& key) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (wanted_ == key) return;
-    wanted_ = key;
-    ++generation_;
-    done_ = false;
-    value_ = StepBatches();
-    error_ = nullptr;
+    request_locked(key);
   }
   changed_.notify_all();
 }
@@ -69,11 +73,7 @@ StepBatches BatchPrefetcher::get(const Key& key) {
     ++hits_;
   } else {
     ++misses_;
-    wanted_ = key;
-    ++generation_;
-    done_ = false;
-    value_ = StepBatches();
-    error_ = nullptr;
+    request_locked(key);
     changed_.notify_all();
   }
   changed_.wait(lock, [&] { return done_; });

@@ -22,6 +22,7 @@
 #include "gradguard/guard/detector.h"
 #include "gradguard/model/llama.h"
 #include "gradguard/optim/optimizer.h"
+#include "gradguard/train/guarded_step.h"
 #include "gradguard/train/step.h"
 #include "gradguard/train/trainer.h"
 #include "test_util.h"
@@ -245,22 +246,7 @@ struct GuardedStep {
     std::vector<torch::Tensor> extras = {acc.loss};
     extras.insert(extras.end(), acc.micro_losses.begin(), acc.micro_losses.end());
     extras.push_back(acc.first_sq_norm);
-    const auto st = stats->compute(1.0 / s, extras, clipper->device_hook());
-    const auto clip = clipper->apply(st);
-    const auto update = scaler->update(st.nonfinite);
-    guard::StepObservation obs;
-    obs.step = step;
-    obs.loss = st.extras[0];
-    obs.grad_norm = clip.grad_norm;
-    obs.clip_threshold = clip.threshold;
-    obs.update_bounded = true;
-    obs.layer_norms = st.layer_norms;
-    obs.scaler_dynamic = scaler->mode() == "dynamic";
-    obs.scaler_backed_off = update.backed_off;
-    const auto verdict = detector->observe(obs);
-    const bool apply = !update.skipped && !verdict.critical();
-    if (apply) optimizer->step();
-    detector->record_outcome(apply);
+    train::guarded_update(step, s, extras, *stats, *clipper, *scaler, *detector, *optimizer);
     ++step;
   }
 

@@ -39,6 +39,7 @@ TEST_P(AdamWKernels, MatchesTorchAdamWGolden) {
   o.betas = {g["betas"][0].get<double>(), g["betas"][1].get<double>()};
   o.eps = g["eps"];
   o.weight_decay = g["weight_decay"]["weight"];
+  ASSERT_EQ(g["weight_decay"]["bias"].get<double>(), 0.0);  // our rule: no decay on dim < 2
   o.implementation = GetParam();
   auto opt = make_optimizer({{"weight", weight}, {"bias", bias}}, o);
   ASSERT_NE(dynamic_cast<GroupAdamW*>(opt.get()), nullptr);

@@ -10,27 +10,7 @@
 namespace gradguard::optim {
 namespace {
 
-TEST(AdamW, MatchesTorchAdamWWithDecayGroups) {
-  auto g = test::load_golden("adamw.json");
-  auto wshape = g["shapes"]["weight"].get<std::vector<int64_t>>();
-  auto bshape = g["shapes"]["bias"].get<std::vector<int64_t>>();
-  auto weight = test::golden_tensor(g["init"]["weight"], wshape).requires_grad_();
-  auto bias = test::golden_tensor(g["init"]["bias"], bshape).requires_grad_();
-  OptimOptions o;
-  o.betas = {g["betas"][0].get<double>(), g["betas"][1].get<double>()};
-  o.eps = g["eps"];
-  o.weight_decay = g["weight_decay"]["weight"];
-  ASSERT_EQ(g["weight_decay"]["bias"].get<double>(), 0.0);  // our rule: no decay on dim < 2
-  auto opt = make_optimizer({{"weight", weight}, {"bias", bias}}, o);
-  for (const auto& step : g["steps"]) {
-    set_learning_rate(*opt, step["lr"].get<double>());
-    weight.mutable_grad() = test::golden_tensor(step["grads"]["weight"], wshape);
-    bias.mutable_grad() = test::golden_tensor(step["grads"]["bias"], bshape);
-    opt->step();
-    EXPECT_LT(test::max_rel_diff(weight, test::golden_tensor(step["params"]["weight"], wshape)), 1e-6);
-    EXPECT_LT(test::max_rel_diff(bias, test::golden_tensor(step["params"]["bias"], bshape)), 1e-6);
-  }
-}
+// AdamW against torch.optim.AdamW (tests/golden/adamw.json), for every kernel: adamw_test.cpp.
 
 TEST(AdamW, DecayOnlyOnMatrices) {
   auto w = torch::ones({2, 2}, torch::requires_grad());

@@ -63,6 +63,8 @@ class BatchPrefetcher {
 
  private:
   void work();
+  // Makes `key` the slot's request, dropping what it held or built. Needs mutex_ held.
+  void request_locked(const Key& key);
 
   Producer producer_;
   c10::Device device_;
