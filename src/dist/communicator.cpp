@@ -7,6 +7,8 @@
 // Our own store keys live under "gradguard/"; the process group gets a prefixed view.
 #include "gradguard/dist/communicator.h"
 
+#include "gradguard/core/compat.h"
+
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -112,6 +114,7 @@ Communicator::Communicator(const DistEnv& env, const DistOptions& options, const
 
   c10d::TCPStoreOptions store_options;
   store_options.port = static_cast<uint16_t>(env_.master_port);
+  compat::use_classic_tcpstore(store_options);
   // Under torchrun (not --standalone) its agent already hosts a store on MASTER_PORT
   // and tells the workers so: then every rank, rank 0 included, is a client of it, and
   // our keys carry the run id and restart count so a restarted worker group starts clean.

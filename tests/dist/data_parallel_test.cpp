@@ -28,6 +28,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "gradguard/checkpoint/safetensors.h"
+#include "gradguard/core/compat.h"
 #include "gradguard/dist/launch.h"
 #include "test_util.h"
 
@@ -306,6 +307,7 @@ TEST_F(DataParallel, UnderTorchrunsAgentStoreEveryRankIsAClient) {
   options.port = static_cast<uint16_t>(port);
   options.isServer = true;
   options.waitWorkers = false;
+  compat::use_classic_tcpstore(options);  // as the communicator does
   auto agent = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options);
   const std::string args = train_args("agent", 4);
   std::vector<Child> ranks;

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <c10/core/ScalarType.h>
 #include <torch/version.h>
 
@@ -154,6 +155,22 @@ Key state_key(const at::Tensor& p) {
   } else {
     return p.unsafeGetTensorImpl();
   }
+}
+
+// ---- c10d TCPStore -----------------------------------------------------------------
+// Newer TCPStoreOptions carry useLibUV, and from 2.4 it defaults to true; a LibTorch
+// built without libuv (Debian's 2.6) then refuses every rendezvous ("use_libuv was
+// requested but PyTorch was build without libuv support"). gradguard asks for the
+// classic socket backend wherever the option exists; detected by the member itself, so
+// it needs no version check.
+template <typename Options, typename = void>
+struct HasUseLibUV : std::false_type {};
+template <typename Options>
+struct HasUseLibUV<Options, std::void_t<decltype(std::declval<Options&>().useLibUV)>> : std::true_type {};
+
+template <typename Options>
+void use_classic_tcpstore(Options& options) {
+  if constexpr (HasUseLibUV<Options>::value) options.useLibUV = false;
 }
 
 }  // namespace gradguard::compat
