@@ -19,6 +19,7 @@ APT_PACKAGES=(
   iproute2                                          # ip netns/veth: the two-host data-parallel test
   chromium                                          # headless browser test of report.html
   clang-14 libclang-rt-14-dev llvm-14               # libFuzzer + ASan/UBSan for scripts/fuzz.sh
+  debootstrap                                       # Debian trixie chroot with LibTorch 2.6: scripts/torch2.sh
 )
 
 missing=()

