@@ -152,7 +152,7 @@ TEST_F(Checkpointing, Bf16AutocastGradientsMatchPlainAutograd) {
   // Recomputed under the forward's autocast (backward itself runs outside the scope): a
   // recomputation in fp32 would differ by ~1e-2 from the bf16 forward.
   expect_close(got, want, kBf16Tol);
-  EXPECT_FALSE(compat::cpu_autocast_enabled());
+  EXPECT_FALSE(compat::autocast_enabled(c10::kCPU));
 }
 
 TEST_F(Checkpointing, AutocastCacheIsNotPoisonedByTheNoGradForward) {

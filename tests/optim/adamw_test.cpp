@@ -42,7 +42,9 @@ TEST_P(AdamWKernels, MatchesTorchAdamWGolden) {
   ASSERT_EQ(g["weight_decay"]["bias"].get<double>(), 0.0);  // our rule: no decay on dim < 2
   o.implementation = GetParam();
   auto opt = make_optimizer({{"weight", weight}, {"bias", bias}}, o);
-  ASSERT_NE(dynamic_cast<GroupAdamW*>(opt.get()), nullptr);
+  auto* group_adamw = dynamic_cast<GroupAdamW*>(opt.get());
+  ASSERT_NE(group_adamw, nullptr);
+  EXPECT_EQ(group_adamw->kernel(), resolve_adamw_kernel(GetParam(), c10::Device(c10::kCPU)));
   for (const auto& step : g["steps"]) {
     set_learning_rate(*opt, step["lr"].get<double>());
     weight.mutable_grad() = test::golden_tensor(step["grads"]["weight"], wshape);

@@ -3,17 +3,16 @@
 // written once.
 #pragma once
 
-#include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
-#include <torch/optim/optimizer.h>
-
-#include <vector>
-
 #include <sstream>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <c10/core/ScalarType.h>
+#include <torch/optim/optimizer.h>
 #include <torch/version.h>
 
 #define GRADGUARD_TORCH_AT_LEAST(major, minor) \
@@ -58,9 +57,6 @@ inline c10::ScalarType autocast_dtype(c10::DeviceType device) {
   return device == c10::kCPU ? at::autocast::get_autocast_cpu_dtype() : at::autocast::get_autocast_gpu_dtype();
 #endif
 }
-
-inline void set_cpu_autocast(bool enabled, c10::ScalarType dtype) { set_autocast(c10::kCPU, enabled, dtype); }
-inline bool cpu_autocast_enabled() { return autocast_enabled(c10::kCPU); }
 
 // ---- attention -------------------------------------------------------------------
 // at::scaled_dot_product_attention is public since 2.0; its `scale` argument came in
