@@ -79,9 +79,13 @@ int64_t default_threads(int64_t requested, int64_t local_world_size) {
   return thread_share(requested, local_world_size, affinity_cpus(), online_cpus(), cgroup_cpu_limit());
 }
 
+void check_thread_pool(const std::string& name) {
+  if (name != "auto" && name != "aten" && name != "blas")
+    throw bad_input("run.thread_pool", "'" + name + "' is not valid (valid: auto, aten, blas)");
+}
+
 std::string resolve_thread_pool(const std::string& requested, const std::string& blas) {
-  if (requested != "auto" && requested != "aten" && requested != "blas")
-    throw bad_input("run.thread_pool", "'" + requested + "' is not valid (valid: auto, aten, blas)");
+  check_thread_pool(requested);
   if (blas == "unknown" || blas.empty()) return "aten";
   if (requested == "auto") return blas == "openblas" ? "blas" : "aten";
   return requested;

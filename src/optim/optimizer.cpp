@@ -31,10 +31,7 @@ void OptimOptions::validate() const {
     throw bad_input("optim.max_trust_ratio", "must be > 0, got " + std::to_string(max_trust_ratio));
   if (!(momentum >= 0 && momentum < 1))
     throw bad_input("optim.momentum", "must be in [0, 1), got " + std::to_string(momentum));
-  if (implementation != "auto" && implementation != "fused" && implementation != "foreach" &&
-      implementation != "loop")
-    throw bad_input("optim.implementation",
-                    "'" + implementation + "' is not valid (valid: auto, fused, foreach, loop)");
+  check_adamw_implementation(implementation);
   if (!(trust_coefficient > 0) || !std::isfinite(trust_coefficient))
     throw bad_input("optim.trust_coefficient", "must be a finite number > 0, got " + std::to_string(trust_coefficient));
 }

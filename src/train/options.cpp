@@ -4,6 +4,7 @@
 #include <regex>
 
 #include "gradguard/core/error.h"
+#include "gradguard/core/threads.h"
 
 namespace gradguard::train {
 namespace {
@@ -22,8 +23,7 @@ void RunOptions::validate() const {
     throw bad_input("run.device", "'" + device + "' is not valid (valid: cpu, auto, cuda, cuda:N)");
   if (threads < 0 || threads > 1024)
     throw bad_input("run.threads", "must be in [0, 1024] (0 = all cores), got " + std::to_string(threads));
-  if (thread_pool != "auto" && thread_pool != "aten" && thread_pool != "blas")
-    throw bad_input("run.thread_pool", "'" + thread_pool + "' is not valid (valid: auto, aten, blas)");
+  check_thread_pool(thread_pool);
 }
 
 void BatchOptions::validate() const {

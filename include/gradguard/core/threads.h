@@ -27,6 +27,9 @@ struct ThreadReport {
 // to give the threads to) is "aten". Throws gradguard::Error naming run.thread_pool for
 // any other value.
 std::string resolve_thread_pool(const std::string& requested, const std::string& blas);
+// The name check alone (config load): throws gradguard::Error naming run.thread_pool
+// unless `name` is auto, aten or blas.
+void check_thread_pool(const std::string& name);
 
 // CPUs this process may use: its affinity mask, capped by a cgroup CPU quota (v2
 // cpu.max, else v1 cfs quota) rounded up. In a container limited to 4 CPUs of a
