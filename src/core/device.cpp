@@ -70,6 +70,11 @@ const char* gpu_build_kind() {
 #endif
 }
 
+void make_current(const c10::Device& device) {
+  if (device.is_cpu() || !device.has_index()) return;
+  c10::impl::getDeviceGuardImpl(device.type())->setDevice(device);
+}
+
 // ---- allocator statistics -------------------------------------------------------------
 #if GG_CUDA
 namespace {

@@ -31,6 +31,18 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
 
+// NCCL's process group, in CUDA and ROCm builds (where it is RCCL under the same name);
+// its header, like Gloo's, is empty without the macro torch's own build sets.
+#if (defined(GRADGUARD_WITH_CUDA) && GRADGUARD_WITH_CUDA) || (defined(GRADGUARD_WITH_ROCM) && GRADGUARD_WITH_ROCM)
+#define GG_NCCL 1
+#ifndef USE_C10D_NCCL
+#define USE_C10D_NCCL
+#endif
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#else
+#define GG_NCCL 0
+#endif
+
 #include "gradguard/core/error.h"
 
 namespace gradguard::dist {
@@ -77,23 +89,45 @@ std::string local_address_towards(const std::string& host, int port) {
   return out;
 }
 
-std::string resolve_backend(const std::string& requested, const c10::Device& device) {
-  const std::string backend = requested == "auto" ? (device.is_cuda() ? "nccl" : "gloo") : requested;
-  if (backend == "nccl")
-    throw bad_input("dist.backend",
-                    "nccl needs a CUDA/ROCm device and a LibTorch built with NCCL; this build runs data-parallel "
-                    "training on gloo only (set dist.backend=gloo or run.device=cpu)");
-  if (device.is_cuda())
-    throw bad_input("dist.backend", "gloo data-parallel training here runs on run.device=cpu only");
-  return backend;
+// Without these, a rank whose peer died waits in a NCCL kernel forever: c10d's watchdog
+// only reports a timed-out collective, and tears the process down, when asynchronous
+// error handling is on. LibTorch 2.x turns it on by default (TORCH_NCCL_...), 1.13 does
+// not (NCCL_...). A value the user exported is kept.
+[[maybe_unused]] void enable_nccl_error_handling() {
+  for (const char* name : {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"})
+    if (std::getenv(name) == nullptr) setenv(name, "1", /*overwrite=*/0);
 }
 
 }  // namespace
 
+bool nccl_compiled() { return GG_NCCL != 0; }
+
+std::string choose_backend(const std::string& requested, const c10::Device& device, bool nccl_built) {
+  const bool gpu = device.is_cuda();
+  const std::string backend = requested == "auto" ? (gpu ? "nccl" : "gloo") : requested;
+  if (backend == "nccl") {
+    if (!gpu)
+      throw bad_input("dist.backend", "nccl runs on GPUs only and run.device is " + device.str() +
+                                          " (set dist.backend=gloo, or auto, for data parallel on the CPU)");
+    if (!nccl_built)
+      throw bad_input("dist.backend", "nccl needs a LibTorch built with CUDA or ROCm, and this build of gradguard "
+                                      "has no GPU code (see docs/gpu.md for building against a CUDA/ROCm LibTorch)");
+    return backend;
+  }
+  if (backend == "gloo" && gpu)
+    throw bad_input("dist.backend", "gloo runs data-parallel training on run.device=cpu only; on GPUs use nccl "
+                                    "(or auto)");
+  if (backend != "gloo") throw bad_input("dist.backend", "'" + backend + "' is not valid (valid: auto, gloo, nccl)");
+  return backend;
+}
+
 struct Communicator::Impl {
   std::string prefix;  // our keys: "gradguard/" (+ torchrun's run id and restart count)
   c10::intrusive_ptr<c10d::TCPStore> store;  // main thread's connection
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;  // the process group: this one or
+#if GG_NCCL
+  c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl;  // this one
+#endif
   int64_t sequence = 0;                           // broadcast_string calls, same count on every rank
   std::map<std::string, int64_t> published;       // [channel] payloads this rank published
   std::map<std::string, std::vector<int64_t>> seen;  // [channel][rank] payloads collected so far
@@ -103,12 +137,22 @@ struct Communicator::Impl {
   std::mutex mu;
   std::condition_variable cv;
   bool stopping = false;
+
+  // Runs `op` on this run's process group. (Their common base class is ProcessGroup in
+  // LibTorch 1.13 and Backend in 2.x; calling through the concrete type needs neither.)
+  template <typename Op>
+  c10::intrusive_ptr<c10d::Work> on_group(Op&& op) {
+#if GG_NCCL
+    if (nccl) return op(*nccl);
+#endif
+    return op(*gloo);
+  }
 };
 
 Communicator::Communicator(const DistEnv& env, const DistOptions& options, const c10::Device& device)
     : env_(env), options_(options), impl_(std::make_unique<Impl>()) {
   options_.validate();
-  backend_ = resolve_backend(options_.backend, device);
+  backend_ = choose_backend(options_.backend, device, nccl_compiled());
   const std::string where = env_.master_addr + ":" + std::to_string(env_.master_port);
   const Ms timeout = to_ms(options_.timeout_s);
 
@@ -141,28 +185,44 @@ Communicator::Communicator(const DistEnv& env, const DistOptions& options, const
                             "); check MASTER_ADDR/MASTER_PORT, that every rank was started, and that the port is free");
   }
 
-  std::shared_ptr<::gloo::transport::Device> gloo_device;
-  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname != nullptr && *ifname != '\0') {
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(impl_->prefix + "group", impl_->store);
+  if (backend_ == "gloo") {
+    std::shared_ptr<::gloo::transport::Device> gloo_device;
+    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname != nullptr && *ifname != '\0') {
+      try {
+        gloo_device = c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+      } catch (const std::exception& e) {
+        throw bad_input("environment variable GLOO_SOCKET_IFNAME",
+                        "cannot use network interface '" + std::string(ifname) + "': " + first_line(e.what()) +
+                            " (list the interfaces with `ip -brief addr`)");
+      }
+    } else {
+      gloo_device = c10d::ProcessGroupGloo::createDeviceForHostname(
+          local_address_towards(env_.master_addr, env_.master_port));
+    }
+    auto group_options = c10d::ProcessGroupGloo::Options::create(timeout);
+    group_options->devices.push_back(gloo_device);
+    group_options->threads = 2;
     try {
-      gloo_device = c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+      impl_->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, static_cast<int>(env_.rank),
+                                                                static_cast<int>(env_.world_size), group_options);
     } catch (const std::exception& e) {
-      throw bad_input("environment variable GLOO_SOCKET_IFNAME",
-                      "cannot use network interface '" + std::string(ifname) + "': " + first_line(e.what()) +
-                          " (list the interfaces with `ip -brief addr`)");
+      throw runtime_error("rendezvous " + where, "creating the gloo process group failed: " + first_line(e.what()));
     }
   } else {
-    gloo_device = c10d::ProcessGroupGloo::createDeviceForHostname(
-        local_address_towards(env_.master_addr, env_.master_port));
-  }
-  auto group_options = c10d::ProcessGroupGloo::Options::create(timeout);
-  group_options->devices.push_back(gloo_device);
-  group_options->threads = 2;
-  try {
-    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(impl_->prefix + "group", impl_->store);
-    impl_->group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, static_cast<int>(env_.rank),
-                                                               static_cast<int>(env_.world_size), group_options);
-  } catch (const std::exception& e) {
-    throw runtime_error("rendezvous " + where, "creating the gloo process group failed: " + first_line(e.what()));
+#if GG_NCCL
+    // NCCL meets the other ranks through the store when the first collective runs (the
+    // parameter broadcast), on the current device, which the trainer set to this rank's.
+    enable_nccl_error_handling();
+    auto group_options = c10d::ProcessGroupNCCL::Options::create();
+    group_options->timeout = timeout;
+    try {
+      impl_->nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, static_cast<int>(env_.rank),
+                                                                static_cast<int>(env_.world_size), group_options);
+    } catch (const std::exception& e) {
+      throw runtime_error("rendezvous " + where, "creating the nccl process group failed: " + first_line(e.what()));
+    }
+#endif
   }
 
   // The heartbeat: its own store connection, a counter bumped every heartbeat_s.
@@ -216,7 +276,8 @@ Communicator::Work Communicator::allreduce_sum_async(at::Tensor tensor, const st
   w.comm_ = this;
   w.what_ = what;
   try {
-    w.impl_ = std::make_shared<c10::intrusive_ptr<c10d::Work>>(impl_->group->allreduce(tensors));
+    w.impl_ = std::make_shared<c10::intrusive_ptr<c10d::Work>>(
+        impl_->on_group([&](auto& group) { return group.allreduce(tensors); }));
   } catch (const std::exception& e) {
     fail(what, e);
   }
@@ -232,7 +293,7 @@ void Communicator::allreduce_max(at::Tensor tensor, const std::string& what) {
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::MAX;
   try {
-    impl_->group->allreduce(tensors, opts)->wait();
+    impl_->on_group([&](auto& group) { return group.allreduce(tensors, opts); })->wait();
   } catch (const std::exception& e) {
     fail(what, e);
   }
@@ -240,10 +301,10 @@ void Communicator::allreduce_max(at::Tensor tensor, const std::string& what) {
 
 void Communicator::broadcast(std::vector<at::Tensor> tensors, const std::string& what) {
   try {
-    // One tensor per call: gloo's broadcast takes a list of copies of one tensor.
+    // One tensor per call: c10d's broadcast takes a list of copies of one tensor.
     for (auto& t : tensors) {
       std::vector<at::Tensor> one = {t};
-      impl_->group->broadcast(one)->wait();
+      impl_->on_group([&](auto& group) { return group.broadcast(one); })->wait();
     }
   } catch (const std::exception& e) {
     fail(what, e);
@@ -258,7 +319,8 @@ Communicator::Work Communicator::allgather_async(const at::Tensor& input, std::v
   w.comm_ = this;
   w.what_ = what;
   try {
-    w.impl_ = std::make_shared<c10::intrusive_ptr<c10d::Work>>(impl_->group->allgather(output_lists, inputs));
+    w.impl_ = std::make_shared<c10::intrusive_ptr<c10d::Work>>(
+        impl_->on_group([&](auto& group) { return group.allgather(output_lists, inputs); }));
   } catch (const std::exception& e) {
     fail(what, e);
   }

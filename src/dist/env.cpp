@@ -427,4 +427,28 @@ std::string first_slurm_host(const std::string& nodelist) {
   return first_host(nodelist, "Slurm node list");
 }
 
+int64_t gpu_for_rank(int64_t requested, int64_t local_rank, int64_t local_world_size, int64_t gpu_count) {
+  const auto n = [](int64_t v, const char* what) {
+    return std::to_string(v) + " " + what + (v == 1 ? "" : "s");
+  };
+  const std::string seen = n(gpu_count, "GPU") + " visible to rank " + std::to_string(local_rank) + " of " +
+                           n(local_world_size, "rank") + " on this node";
+  if (gpu_count < 1) throw bad_input("run.device", "no GPU is visible (" + seen + ")");
+  if (requested >= 0) {
+    if (local_world_size > 1)
+      throw bad_input("run.device", "cuda:" + std::to_string(requested) + " would put all " +
+                                        n(local_world_size, "rank") +
+                                        " of this node on one GPU; set run.device=cuda and every rank takes "
+                                        "cuda:LOCAL_RANK (" + seen + ")");
+    if (requested >= gpu_count)
+      throw bad_input("run.device", "cuda:" + std::to_string(requested) + " does not exist (" + seen + ")");
+    return requested;
+  }
+  if (gpu_count >= local_world_size) return local_rank;
+  if (gpu_count == 1) return 0;  // the launcher gave each rank its own GPU
+  throw bad_input("run.device", "two ranks would share a GPU (" + seen +
+                                    "): start at most one rank per GPU, or give each rank its own "
+                                    "(CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES, srun --gpus-per-task=1)");
+}
+
 }  // namespace gradguard::dist

@@ -226,6 +226,9 @@ void GradSync::launch(size_t b) {
   if (options_.hook == "fp16") {
     B.wire = B.buffer.mul(1.0 / world).to(torch::kHalf);
     B.work = comm_.allreduce_sum_async(B.wire, what);
+  } else if (options_.hook == "bf16" && comm_.sums_bf16()) {
+    B.wire = B.buffer.mul(1.0 / world).to(torch::kBFloat16);
+    B.work = comm_.allreduce_sum_async(B.wire, what);
   } else if (options_.hook == "bf16") {
     B.wire = B.buffer.to(torch::kBFloat16).view(torch::kByte);
     B.gathered.clear();
@@ -264,7 +267,7 @@ at::Tensor GradSync::finish() {
   for (auto& bp : buckets_) {
     auto& B = *bp;
     B.work.wait();
-    if (options_.hook == "fp16") {
+    if (options_.hook == "fp16" || (options_.hook == "bf16" && comm_.sums_bf16())) {
       B.buffer.copy_(B.wire.to(torch::kFloat)).mul_(world);
     } else if (options_.hook == "bf16") {
       auto sum = B.gathered[0].view(torch::kBFloat16).to(torch::kFloat);
@@ -326,9 +329,10 @@ void verify_parameters(Communicator& comm, const std::vector<at::Tensor>& params
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> sums;  // [tensor] integer sum of the float bits: exact, order-free
   for (const auto& p : params) sums.push_back(p.detach().contiguous().view(torch::kInt).to(torch::kLong).sum());
-  auto local = torch::stack(sums).cpu();
+  auto local = torch::stack(sums);  // on the parameters' device: NCCL reduces device tensors only
   auto both = torch::cat({local, -local});
   comm.allreduce_max(both, "parameter checksum (step " + std::to_string(step) + ")");
+  both = both.cpu();
   const auto n = static_cast<int64_t>(params.size());
   const auto* h = both.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i)

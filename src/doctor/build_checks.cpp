@@ -17,7 +17,9 @@
 #include <torch/version.h>
 
 #include "doctor_internal.h"
+#include "gradguard/core/error.h"
 #include "gradguard/core/threads.h"
+#include "gradguard/dist/env.h"
 
 namespace gradguard::doctor {
 
@@ -291,21 +293,24 @@ std::vector<Check> check_build(const BuildFacts& b, int64_t telemetry_gpus) {
 }
 
 std::optional<std::string> resolve_device(const std::string& requested, const BuildFacts& b,
-                                          int64_t local_rank, std::string* why) {
+                                          int64_t local_rank, int64_t local_world_size, std::string* why) {
   if (requested == "cpu") return "cpu";
   if (requested == "auto" && b.gpu_count == 0) return "cpu";
   if (b.gpu_count == 0) {
     *why = "--device " + requested + ": LibTorch (" + b.kind + " build) sees no GPU";
     return std::nullopt;
   }
-  int64_t index = local_rank % b.gpu_count;
-  if (requested.rfind("cuda:", 0) == 0) index = std::strtoll(requested.c_str() + 5, nullptr, 10);
-  if (index >= b.gpu_count) {
-    *why = strprintf("--device %s: only %lld GPU(s) visible", requested.c_str(),
-                     (long long)b.gpu_count);
+  const int64_t index = requested.rfind("cuda:", 0) == 0 ? std::strtoll(requested.c_str() + 5, nullptr, 10) : -1;
+  try {
+    // The trainer's choice, so the benchmarks run where training would.
+    return "cuda:" + std::to_string(dist::gpu_for_rank(index, local_rank, local_world_size, b.gpu_count));
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    const std::string prefix = e.where() + ": ";
+    *why = "--device " + requested + ": " +
+           (message.rfind(prefix, 0) == 0 ? message.substr(prefix.size()) : message);
     return std::nullopt;
   }
-  return "cuda:" + std::to_string(index);
 }
 
 Check check_driver(const BuildFacts& b) {

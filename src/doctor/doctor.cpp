@@ -309,7 +309,7 @@ Report run_doctor(const DoctorOptions& options, const dist::EnvLookup& env, std:
   auto gpu_checks = detail::check_gpu_state(options.telemetry_backend, &gpu_names);
   add(detail::check_build(build, static_cast<int64_t>(gpu_names.size())));
   std::string why;
-  const auto device = detail::resolve_device(options.device, build, denv.local_rank, &why);
+  const auto device = detail::resolve_device(options.device, build, denv.local_rank, denv.local_world_size, &why);
   report.checks.push_back(
       device ? make_check("device", Status::kInfo, *device, "the device benchmarks run on")
              : make_check("device", Status::kFail, "unusable", why));

@@ -48,10 +48,11 @@ struct BuildFacts {
 };
 BuildFacts read_build_facts();
 std::vector<Check> check_build(const BuildFacts& build, int64_t telemetry_gpus);
-// The device the benchmarks use: "auto" picks cuda:<local rank % count> when LibTorch sees
-// a GPU. On a device that cannot be used, returns nullopt with the reason in *why.
+// The device the benchmarks use, chosen as the trainer chooses (dist::gpu_for_rank):
+// "auto"/"cuda" take cuda:<local rank> when LibTorch sees a GPU. On a device that cannot
+// be used, returns nullopt with the reason in *why.
 std::optional<std::string> resolve_device(const std::string& requested, const BuildFacts& build,
-                                          int64_t local_rank, std::string* why);
+                                          int64_t local_rank, int64_t local_world_size, std::string* why);
 // "gpu.driver": NVIDIA / AMD kernel driver versions against the build's runtime.
 Check check_driver(const BuildFacts& build);
 // "blas" and "threads": applies gradguard's thread policy (as the trainer does) first.

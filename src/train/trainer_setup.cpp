@@ -16,6 +16,7 @@
 #include "gradguard/checkpoint/hf_checkpoint.h"
 #include "gradguard/checkpoint/trainer_checkpoint.h"
 #include "gradguard/core/allocator.h"
+#include "gradguard/core/device.h"
 #include "gradguard/core/error.h"
 #include "gradguard/core/fs.h"
 #include "gradguard/optim/optimizer.h"
@@ -26,12 +27,19 @@ namespace stdfs = std::filesystem;
 
 namespace {
 
-torch::Device resolve_device(const std::string& name) {
+// run.device for this rank: a GPU gets an index (dist::gpu_for_rank: cuda:LOCAL_RANK
+// when several ranks share the node) and becomes the current device.
+torch::Device resolve_device(const std::string& name, const dist::DistEnv& env) {
   if (name == "cpu") return torch::kCPU;
-  if (name == "auto") return torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+  if (name == "auto" && !torch::cuda::is_available()) return torch::kCPU;
   if (!torch::cuda::is_available())
     throw bad_input("run.device", "'" + name + "' requested but this LibTorch build sees no CUDA/ROCm device");
-  return torch::Device(name);
+  const torch::Device requested(name == "auto" ? "cuda" : name);
+  const auto index = dist::gpu_for_rank(requested.has_index() ? requested.index() : -1, env.local_rank,
+                                        env.local_world_size, static_cast<int64_t>(torch::cuda::device_count()));
+  const torch::Device device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+  make_current(device);
+  return device;
 }
 
 std::string default_run_name(const config::Config& c) {
@@ -89,7 +97,7 @@ Trainer::Trainer(config::Config config, std::FILE* out, const std::string& resum
   auto& c = s_->cfg = std::move(config);
   s_->env = dist::detect_env();
   c.finalize(s_->env.world_size);
-  s_->device = resolve_device(c.run.device);
+  s_->device = resolve_device(c.run.device, s_->env);
   amp::check_supported(c.amp, s_->device);
   configure_allocator();
   // Ranks sharing a node share its cores: by default each takes its share, so ATen's

@@ -455,5 +455,26 @@ TEST(DistEnv, Describe) {
   EXPECT_EQ(v6.describe(), "rank 0 of 1 (local 0 of 1) via launch, rendezvous [fe80::1]:29500");
 }
 
+TEST(GpuForRank, EachRankOfANodeTakesItsOwnGpu) {
+  EXPECT_EQ(gpu_for_rank(-1, 0, 1, 1), 0);  // single process
+  EXPECT_EQ(gpu_for_rank(-1, 0, 1, 8), 0);
+  EXPECT_EQ(gpu_for_rank(-1, 3, 4, 8), 3);  // torchrun's convention: cuda:LOCAL_RANK
+  EXPECT_EQ(gpu_for_rank(-1, 7, 8, 8), 7);
+  EXPECT_EQ(gpu_for_rank(-1, 2, 4, 1), 0);  // srun --gpus-per-task=1: every rank sees its own one
+  EXPECT_EQ(gpu_for_rank(2, 0, 1, 4), 2);   // run.device=cuda:2 in a single process
+}
+
+TEST(GpuForRank, ImpossibleChoicesNameRunDeviceAndTheCounts) {
+  auto message = [](int64_t requested, int64_t local_rank, int64_t local_world, int64_t gpus) {
+    return test::bad_input_message([&] { gpu_for_rank(requested, local_rank, local_world, gpus); });
+  };
+  EXPECT_THAT(message(-1, 1, 4, 2), AllOf(HasSubstr("run.device"), HasSubstr("two ranks would share a GPU"),
+                                          HasSubstr("2 GPUs visible to rank 1 of 4 ranks on this node")));
+  EXPECT_THAT(message(1, 0, 2, 4), AllOf(HasSubstr("run.device"), HasSubstr("cuda:1 would put all 2 ranks"),
+                                         HasSubstr("set run.device=cuda")));
+  EXPECT_THAT(message(5, 0, 1, 2), AllOf(HasSubstr("cuda:5 does not exist"), HasSubstr("2 GPUs visible")));
+  EXPECT_THAT(message(-1, 0, 1, 0), AllOf(HasSubstr("run.device"), HasSubstr("no GPU is visible")));
+}
+
 }  // namespace
 }  // namespace gradguard::dist

@@ -1,13 +1,18 @@
-// GradSync on a one-rank group (a real TCPStore and Gloo group of size 1, so every code
-// path runs; the sums over ranks are the identity): buckets launch during the last
+// GradSync on a one-rank group (a real TCPStore and process group of size 1, so every
+// code path runs; the sums over ranks are the identity): buckets launch during the last
 // backward only, the gradients are the plain accumulation's, the fp16/bf16 hooks round
 // exactly as the wire formats do, and PowerSGD's error feedback accounts for every bit
-// it did not send (approximation + error = input). Two-rank behaviour is tested end to
-// end in data_parallel_test.cpp.
+// it did not send (approximation + error = input). Every case runs on Gloo and the CPU
+// (GlooCpu) and, in a CUDA/ROCm build on a machine with a GPU, on NCCL and the GPU
+// (NcclGpu; skipped elsewhere). Two-rank behaviour is tested end to end in
+// data_parallel_test.cpp.
 #include <gtest/gtest.h>
+
+#include <functional>
 
 #include <torch/torch.h>
 
+#include "gradguard/core/device.h"
 #include "gradguard/dist/communicator.h"
 #include "gradguard/dist/grad_sync.h"
 #include "gradguard/dist/launch.h"
@@ -18,9 +23,15 @@
 namespace gradguard {
 namespace {
 
-class GradSyncTest : public ::testing::Test {
+class GradSyncTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
+    if (GetParam() == "NcclGpu") {
+      if (!dist::nccl_compiled() || !torch::cuda::is_available())
+        GTEST_SKIP() << "needs a CUDA/ROCm build of gradguard and a GPU";
+      device_ = torch::Device(torch::kCUDA, 0);
+      make_current(device_);
+    }
     env_.master_port = dist::free_tcp_port("127.0.0.1");
     env_.source = "torchrun";
     torch::manual_seed(3);
@@ -28,6 +39,7 @@ class GradSyncTest : public ::testing::Test {
     o.vocab_size = 64, o.hidden_size = 32, o.intermediate_size = 64, o.num_layers = 2, o.num_heads = 4;
     o.num_kv_heads = 2, o.max_seq_len = 16;
     net_ = model::LlamaForCausalLM(o);
+    net_->to(device_);
     for (const auto& p : net_->parameters()) params_.push_back(p);
     for (int m = 0; m < 3; ++m) {
       auto t = torch::randint(0, 64, {2, 9}, torch::kLong);
@@ -37,7 +49,7 @@ class GradSyncTest : public ::testing::Test {
   // Gradients of the three micro-batches without any synchronisation.
   std::vector<at::Tensor> reference() {
     for (auto& p : params_) p.mutable_grad() = at::Tensor();
-    train::accumulate(*net_, batches_, 48, amp_, torch::kCPU, 1.0, false);
+    train::accumulate(*net_, batches_, 48, amp_, device_, 1.0, false);
     std::vector<at::Tensor> g;
     for (auto& p : params_) g.push_back(p.grad().clone());
     return g;
@@ -46,14 +58,25 @@ class GradSyncTest : public ::testing::Test {
   at::Tensor step(dist::GradSync& sync, int64_t s) {
     sync.begin_step(s);
     int calls = 0;
-    train::accumulate(*net_, batches_, 48, amp_, torch::kCPU, 1.0, false, [&](const train::Accumulation& a) {
+    train::accumulate(*net_, batches_, 48, amp_, device_, 1.0, false, [&](const train::Accumulation& a) {
       ++calls;
       EXPECT_EQ(sync.buckets_launched_in_backward(), 0);  // nothing before the last backward
-      sync.arm(torch::stack({a.loss.to(torch::kFloat), torch::tensor(2.5f)}));
+      sync.arm(torch::stack({a.loss.to(torch::kFloat), torch::tensor(2.5f, a.loss.options().dtype(torch::kFloat))}));
     });
     EXPECT_EQ(calls, 1);
     return sync.finish();
   }
+  // The same gradient: bit for bit on the CPU; on a GPU up to the last bits, where some
+  // backward kernels (embedding) may sum in a different order from one run to the next.
+  // `rounding` widens the tolerance to the relative step of a wire format.
+  void expect_same(const at::Tensor& got, const at::Tensor& want, const std::string& what, double rounding = 0) {
+    if (device_.is_cpu() && rounding == 0) {
+      EXPECT_TRUE(torch::equal(got, want)) << what;
+    } else {
+      EXPECT_TRUE(torch::allclose(got, want, std::max(rounding, 1e-5), 1e-7)) << what;
+    }
+  }
+  torch::Device device_ = torch::kCPU;
   dist::DistEnv env_;
   model::LlamaForCausalLM net_{nullptr};
   std::vector<at::Tensor> params_;
@@ -61,59 +84,60 @@ class GradSyncTest : public ::testing::Test {
   amp::AmpOptions amp_;
 };
 
-TEST_F(GradSyncTest, BucketsLaunchDuringTheLastBackwardAndGradientsMatch) {
+TEST_P(GradSyncTest, BucketsLaunchDuringTheLastBackwardAndGradientsMatch) {
   const auto ref = reference();
   dist::DistOptions options;
   options.bucket_mb = 0.01;  // ~2.6k floats: several buckets on this model
-  dist::Communicator comm(env_, options, torch::kCPU);
+  dist::Communicator comm(env_, options, device_);
   dist::GradSync sync(params_, comm, options, 2);
   ASSERT_GT(sync.num_buckets(), 3);
   const auto side = step(sync, 0);
   // Every bucket went out while backward was still running.
   EXPECT_EQ(sync.buckets_launched_in_backward(), sync.num_buckets());
-  for (size_t k = 0; k < params_.size(); ++k) EXPECT_TRUE(torch::equal(params_[k].grad(), ref[k])) << k;
+  for (size_t k = 0; k < params_.size(); ++k) expect_same(params_[k].grad(), ref[k], std::to_string(k));
   EXPECT_FLOAT_EQ(side[1].item<float>(), 2.5f);
   // The next step starts from zeroed buckets, and .grad still points into them.
   const auto side2 = step(sync, 1);
-  for (size_t k = 0; k < params_.size(); ++k) EXPECT_TRUE(torch::equal(params_[k].grad(), ref[k])) << k;
+  for (size_t k = 0; k < params_.size(); ++k) expect_same(params_[k].grad(), ref[k], std::to_string(k));
   EXPECT_FLOAT_EQ(side2[0].item<float>(), side[0].item<float>());
 }
 
-TEST_F(GradSyncTest, Fp16AndBf16HooksRoundLikeTheirWireFormats) {
+TEST_P(GradSyncTest, Fp16AndBf16HooksRoundLikeTheirWireFormats) {
   const auto ref = reference();
   for (const std::string hook : {"fp16", "bf16"}) {
     dist::DistOptions options;
     options.hook = hook;
-    dist::Communicator comm(env_, options, torch::kCPU);
+    dist::Communicator comm(env_, options, device_);
     {
       dist::GradSync sync(params_, comm, options, 2);
       const auto side = step(sync, 0);
       const auto dtype = hook == "fp16" ? torch::kHalf : torch::kBFloat16;
       for (size_t k = 0; k < params_.size(); ++k)
-        EXPECT_TRUE(torch::equal(params_[k].grad(), ref[k].to(dtype).to(torch::kFloat))) << hook << " " << k;
+        expect_same(params_[k].grad(), ref[k].to(dtype).to(torch::kFloat), hook + " " + std::to_string(k),
+                    device_.is_cpu() ? 0 : hook == "fp16" ? 1e-3 : 8e-3);
       EXPECT_FLOAT_EQ(side[1].item<float>(), 2.5f);  // the side vector stays fp32
     }
     env_.master_port = dist::free_tcp_port("127.0.0.1");
   }
 }
 
-TEST_F(GradSyncTest, PowerSgdApproximatesAndFeedsTheErrorBack) {
+TEST_P(GradSyncTest, PowerSgdApproximatesAndFeedsTheErrorBack) {
   const auto ref = reference();
   dist::DistOptions options;
   options.hook = "powersgd";
   options.powersgd_rank = 2;
   options.powersgd_start_step = 1;
-  dist::Communicator comm(env_, options, torch::kCPU);
+  dist::Communicator comm(env_, options, device_);
   dist::GradSync sync(params_, comm, options, 2);
   step(sync, 0);  // before the start step: exact
-  for (size_t k = 0; k < params_.size(); ++k) EXPECT_TRUE(torch::equal(params_[k].grad(), ref[k])) << k;
+  for (size_t k = 0; k < params_.size(); ++k) expect_same(params_[k].grad(), ref[k], std::to_string(k));
   step(sync, 1);
   EXPECT_GT(sync.compressed_tensors(), 0);
   int64_t approximated = 0;
   for (size_t k = 0; k < params_.size(); ++k) {
     const auto& g = params_[k].grad();
     if (params_[k].dim() < 2) {
-      EXPECT_TRUE(torch::equal(g, ref[k])) << "vectors travel uncompressed: " << k;
+      expect_same(g, ref[k], "vectors travel uncompressed: " + std::to_string(k));
       continue;
     }
     const int64_t n = g.size(0), m = g.numel() / n;
@@ -142,16 +166,16 @@ TEST_F(GradSyncTest, PowerSgdApproximatesAndFeedsTheErrorBack) {
   }
 }
 
-TEST_F(GradSyncTest, AnInfSurvivesEveryHook) {
+TEST_P(GradSyncTest, AnInfSurvivesEveryHook) {
   for (const std::string hook : {"none", "fp16", "bf16", "powersgd"}) {
     dist::DistOptions options;
     options.hook = hook;
     options.powersgd_start_step = 0;
-    dist::Communicator comm(env_, options, torch::kCPU);
+    dist::Communicator comm(env_, options, device_);
     {
       dist::GradSync sync(params_, comm, options, 2);
       sync.begin_step(0);
-      train::accumulate(*net_, batches_, 48, amp_, torch::kCPU, 1.0, false, [&](const train::Accumulation& a) {
+      train::accumulate(*net_, batches_, 48, amp_, device_, 1.0, false, [&](const train::Accumulation& a) {
         torch::NoGradGuard no_grad;
         params_[0].grad().view(-1)[0].fill_(std::numeric_limits<float>::infinity());
         sync.arm(torch::stack({a.loss.to(torch::kFloat), torch::tensor(0.f)}));
@@ -165,14 +189,17 @@ TEST_F(GradSyncTest, AnInfSurvivesEveryHook) {
   }
 }
 
-TEST_F(GradSyncTest, ParameterChecksumsAgreeOnOneRank) {
+TEST_P(GradSyncTest, ParameterChecksumsAgreeOnOneRank) {
   dist::DistOptions options;
-  dist::Communicator comm(env_, options, torch::kCPU);
+  dist::Communicator comm(env_, options, device_);
   std::vector<std::string> names;
   for (const auto& item : net_->named_parameters()) names.push_back(item.key());
   dist::broadcast_parameters(comm, params_);
   EXPECT_NO_THROW(dist::verify_parameters(comm, params_, names, 0));
 }
+
+INSTANTIATE_TEST_SUITE_P(Backend, GradSyncTest, ::testing::Values("GlooCpu", "NcclGpu"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 TEST(DistOptions, EveryBadValueNamesItsKey) {
   auto check = [](auto mutate, const std::string& key) {
@@ -191,13 +218,44 @@ TEST(DistOptions, EveryBadValueNamesItsKey) {
   check([](dist::DistOptions& o) { o.heartbeat_s = 200; }, "dist.heartbeat_s");  // > timeout / 3
 }
 
-TEST(DistOptions, NcclIsRejectedOnThisBuildWithAMessage) {
+TEST(DistBackend, AutoIsNcclOnGpusAndGlooOnTheCpu) {
+  const torch::Device cpu(torch::kCPU), gpu(torch::kCUDA, 0);  // only the choice: nothing touches a GPU
+  EXPECT_EQ(dist::choose_backend("auto", cpu, false), "gloo");
+  EXPECT_EQ(dist::choose_backend("auto", cpu, true), "gloo");
+  EXPECT_EQ(dist::choose_backend("gloo", cpu, true), "gloo");
+  EXPECT_EQ(dist::choose_backend("auto", gpu, true), "nccl");
+  EXPECT_EQ(dist::choose_backend("nccl", gpu, true), "nccl");
+}
+
+TEST(DistBackend, CombinationsThatCannotWorkSayWhatWould) {
+  const torch::Device cpu(torch::kCPU), gpu(torch::kCUDA, 1);
+  auto message = [](const std::function<void()>& f) {
+    const auto m = test::bad_input_message(f);
+    EXPECT_NE(m.find("dist.backend"), std::string::npos) << m;
+    return m;
+  };
+  EXPECT_NE(message([&] { dist::choose_backend("nccl", cpu, true); }).find("GPUs only"), std::string::npos);
+  EXPECT_NE(message([&] { dist::choose_backend("nccl", gpu, false); }).find("LibTorch built with CUDA or ROCm"),
+            std::string::npos);
+  EXPECT_NE(message([&] { dist::choose_backend("auto", gpu, false); }).find("LibTorch built with CUDA or ROCm"),
+            std::string::npos);
+  EXPECT_NE(message([&] { dist::choose_backend("gloo", gpu, true); }).find("on GPUs use nccl"), std::string::npos);
+  EXPECT_NE(message([&] { dist::choose_backend("mpi", cpu, true); }).find("valid: auto, gloo, nccl"),
+            std::string::npos);
+}
+
+TEST(DistBackend, NcclOnTheCpuStopsBeforeTheRendezvous) {
   dist::DistEnv env;
-  env.world_size = 2;
+  env.world_size = 2;  // nobody else comes: the check must come first
   dist::DistOptions o;
   o.backend = "nccl";
   EXPECT_NE(test::bad_input_message([&] { dist::Communicator comm(env, o, torch::kCPU); }).find("dist.backend"),
             std::string::npos);
+}
+
+TEST(DistBackend, ThisBuildSaysWhetherItHasNccl) {
+  // NCCL's process group comes with the GPU code: a CUDA or ROCm build has both.
+  EXPECT_EQ(dist::nccl_compiled(), std::string(gpu_build_kind()) != "CPU");
 }
 
 }  // namespace

@@ -32,6 +32,12 @@ bool cuda_compiled();
 // device-generic paths only; see src/core/device.cpp).
 const char* gpu_build_kind();
 
+// Makes `device` (a GPU with an index) the calling thread's current device, so that work
+// LibTorch and c10d start without naming a device -- NCCL communicators, the caching
+// allocator's context -- lands on it, not on GPU 0. Device-generic (no CUDA header; ROCm
+// builds too). A no-op for the CPU and for a GPU device without an index.
+void make_current(const c10::Device& device);
+
 // The caching allocator's counters for one device, in bytes.
 struct DeviceMemory {
   int64_t allocated_bytes = 0;       // held by live tensors now

@@ -7,7 +7,9 @@
 // Communicator turns the c10d/Gloo exception into a gradguard::Error that says which
 // rank failed. It knows because every rank heart-beats into the store from a
 // background thread (its own store connection) and a rank that fails with an error
-// leaves its message in the store before it exits: the survivor reads both. c10d
+// leaves its message in the store before it exits: the survivor reads both. On NCCL
+// collectives fail on the device, not in wait(): c10d's watchdog stops a rank whose
+// collective outlives the timeout (docs/distributed.md, "Failures and timeouts"). c10d
 // headers stay in communicator.cpp; this header only needs ATen's Tensor.
 #pragma once
 
@@ -24,6 +26,16 @@
 
 namespace gradguard::dist {
 
+// Whether this build contains c10d's NCCL process group: a CUDA LibTorch, or a ROCm one
+// (where c10d's "nccl" backend is RCCL).
+bool nccl_compiled();
+
+// The c10d backend for dist.backend = `requested` (auto | gloo | nccl) on `device`:
+// auto is nccl on a GPU and gloo on the CPU. NCCL runs on GPUs only and needs a build
+// with it (`nccl_built`); Gloo here runs on the CPU only. Any other combination throws
+// gradguard::Error (bad input, "dist.backend") saying what would work.
+std::string choose_backend(const std::string& requested, const c10::Device& device, bool nccl_built);
+
 class Communicator {
  public:
   // Meets the other ranks (rank 0 hosts the store) and creates the process group on
@@ -38,6 +50,8 @@ class Communicator {
   int64_t world_size() const { return env_.world_size; }
   const DistEnv& env() const { return env_; }
   const std::string& backend() const { return backend_; }
+  // Whether the backend sums bfloat16 tensors (NCCL does; Gloo does not).
+  bool sums_bf16() const { return backend_ == "nccl"; }
   const DistOptions& options() const { return options_; }
 
   // A collective in flight. wait() blocks until it is done (no device->host copy);

@@ -58,6 +58,16 @@ const char* process_env(const char* name);
 // Throws gradguard::Error (bad input) naming the variable ("environment variable RANK").
 DistEnv detect_env(const EnvLookup& lookup = process_env);
 
+// The GPU index a rank trains on, among the `gpu_count` devices it sees. `requested` is
+// the index of run.device ("cuda:K"), or -1 for "cuda"/"auto". A node's ranks must not
+// share a GPU (NCCL refuses two ranks on one device), so without an index rank
+// LOCAL_RANK takes cuda:LOCAL_RANK; when every rank sees exactly one GPU -- launchers that
+// give each task its own (srun --gpus-per-task=1, one CUDA_VISIBLE_DEVICES per rank) --
+// that one. An explicit index is for single-process runs and for nodes with one rank.
+// Throws gradguard::Error (bad input, "run.device") saying how many ranks and GPUs this
+// node has when no such choice exists.
+int64_t gpu_for_rank(int64_t requested, int64_t local_rank, int64_t local_world_size, int64_t gpu_count);
+
 // First host name of a Slurm node list: "node[03-05,9],gpu1" -> "node03"; "a,b" -> "a";
 // "rack[1-2]-n[01-04]" -> "rack1-n01". Zero padding is kept. Throws gradguard::Error (bad
 // input) when the list is malformed (empty, empty host, unbalanced or nested brackets,

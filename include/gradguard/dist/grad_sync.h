@@ -20,8 +20,11 @@
 //             division keeps the sum within the largest rank's magnitude, so fp16 only
 //             overflows where a rank's own gradient would -- and then the inf reaches
 //             every rank and the loss scaler backs off, as for any overflow.
-//   bf16      bf16 on the wire (fp32's range, 8 bits of mantissa). Gloo has no bf16
-//             sum, so it is an all-gather of the bf16 bytes and a local fp32 sum.
+//   bf16      bf16 on the wire (fp32's range, 8 bits of mantissa). NCCL sums bf16: as
+//             fp16, each buffer / world_size in bf16, all-reduced, times world_size in
+//             fp32 (the partial sums are bf16 too). Gloo has no bf16 sum, so there it is
+//             an all-gather of the bf16 bytes and a local fp32 sum (exact but for each
+//             rank's own rounding).
 //   powersgd  Vogels et al. 2019: each matrix gradient M (rows = dim 0) plus this rank's
 //             error feedback e is approximated as P Q^T with rank r: P = M Q summed over
 //             ranks and orthonormalised, Q = M^T P summed, M_sum ~ P Q^T. The rank keeps
