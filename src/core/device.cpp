@@ -17,8 +17,9 @@
 // device-generic code runs: event timing (LibTorch >= 2.4). Not covered on ROCm: the
 // allocator statistics (nullopt) and the sync counter (not available).
 //
-// Status: the CUDA branches are compiled (against LibTorch 1.13 and 2.6 headers with
-// CUDA 11.8 headers) but have not run on a GPU yet.
+// Status: compiled and linked against Debian's CUDA LibTorch 2.6 (scripts/torch2.sh
+// --cuda, in CI; the pre-2.4 event branch only syntax-checked against 1.13 headers), but
+// not run on a GPU yet.
 #include "gradguard/core/device.h"
 
 #include <chrono>

@@ -10,8 +10,9 @@
 // allocator statistics and the sync count -- the functions say so (std::nullopt,
 // available() == false) and never report a made-up zero.
 //
-// Status: the CUDA branches are written against LibTorch 1.13 and 2.x and compiled on
-// CPU-only machines only; they have not run on a GPU yet (docs/gpu.md).
+// Status: the CUDA branches are written against LibTorch 1.13 and 2.x and compiled and
+// linked against a CUDA LibTorch 2.6 on machines without a GPU; they have not run on a
+// GPU yet (docs/gpu.md).
 #pragma once
 
 #include <cstdint>
