@@ -18,6 +18,7 @@
 
 #include "gradguard/checkpoint/trainer_checkpoint.h"
 #include "gradguard/core/allocator.h"
+#include "gradguard/core/stats.h"
 #include "gradguard/core/threads.h"
 #include "gradguard/model/llama.h"
 #include "gradguard/optim/optimizer.h"
@@ -27,10 +28,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 int64_t dir_bytes(const std::string& dir) {
   int64_t n = 0;
   for (const auto& e : std::filesystem::recursive_directory_iterator(dir))

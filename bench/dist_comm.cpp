@@ -25,6 +25,7 @@
 
 #include <torch/torch.h>
 
+#include "gradguard/core/stats.h"
 #include "gradguard/core/threads.h"
 #include "gradguard/dist/communicator.h"
 #include "gradguard/dist/grad_sync.h"
@@ -36,10 +37,6 @@ using namespace gradguard;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 int worker(int repeats, double bucket_mb) {

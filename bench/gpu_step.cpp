@@ -42,6 +42,7 @@
 #include "gradguard/amp/loss_scaler.h"
 #include "gradguard/amp/precision.h"
 #include "gradguard/core/device.h"
+#include "gradguard/core/stats.h"
 #include "gradguard/grad/clip.h"
 #include "gradguard/grad/grad_stats.h"
 #include "gradguard/guard/detector.h"
@@ -107,12 +108,6 @@ Args parse(int argc, char** argv) {
   if (a.steps < 1 || a.rounds < 1 || a.micro < 1 || a.accum < 1) usage("steps, rounds, micro and accum must be >= 1");
   if (a.dtype == "fp16") a.bare = false;
   return a;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 void sync_device(const torch::Device& d) {

@@ -25,6 +25,7 @@
 
 #include "gradguard/amp/loss_scaler.h"
 #include "gradguard/core/allocator.h"
+#include "gradguard/core/stats.h"
 #include "gradguard/core/threads.h"
 #include "gradguard/train/guarded_step.h"
 #include "gradguard/grad/clip.h"
@@ -41,11 +42,6 @@ using namespace gradguard;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // Runs the variants interleaved `repeats` times after one warm-up round; returns the
 // median seconds of each.

@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "gradguard/config/config.h"
+#include "gradguard/core/stats.h"
 #include "gradguard/core/threads.h"
 #include "gradguard/data/prefetcher.h"
 #include "gradguard/data/step_batches.h"
@@ -50,11 +51,6 @@ struct Setup {
   std::vector<std::string> sets;  // --set overrides on the built-in default
   int64_t steps = 0;              // training steps to run (0 = skip)
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // Median tokens/s of 5 rounds of `seconds / 5` each; `step(s)` builds step s's batches.
 template <typename F>

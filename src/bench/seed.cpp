@@ -23,6 +23,7 @@
 #include "gradguard/core/error.h"
 #include "gradguard/core/json_number.h"
 #include "gradguard/core/fs.h"
+#include "gradguard/core/stats.h"
 #include "gradguard/report/html_report.h"
 
 namespace gradguard::bench {
@@ -33,12 +34,6 @@ const std::vector<std::string> kSetups = {"baseline", "history", "static_warmup"
 const std::vector<std::string> kTinyOverrides = {
     "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=2", "data.seq_len=16",
     "batch.global_batch=64", "schedule.total_steps=40", "guard.inject.spike_steps=[10,22,34]", "eval.batches=2"};
-
-double median(std::vector<double> v) {
-  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
-}
 
 std::string first_comment(const std::string& path) {
   std::istringstream in(fs::read_file(path));

@@ -13,6 +13,7 @@
 
 #include "gradguard/core/error.h"
 #include "gradguard/core/json_number.h"
+#include "gradguard/core/stats.h"
 #include "gradguard/optim/optimizer.h"
 
 namespace gradguard::guard {
@@ -22,13 +23,6 @@ std::string fmt(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.4g", v);
   return buf;
-}
-
-double median(std::vector<double> v) {
-  v.erase(std::remove_if(v.begin(), v.end(), [](double x) { return !std::isfinite(x); }), v.end());
-  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
 }
 
 }  // namespace

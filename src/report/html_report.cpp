@@ -17,6 +17,8 @@
 
 #include "gradguard/core/error.h"
 #include "gradguard/core/fs.h"
+#include "gradguard/core/json_number.h"
+#include "gradguard/core/stats.h"
 #include "report_assets.h"
 
 namespace gradguard::report {
@@ -24,15 +26,6 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-// A JSON number or null, as a double (NaN for null, absent or non-numeric).
-double number_or_nan(const Json& obj, const char* key) {
-  const auto it = obj.find(key);
-  if (it == obj.end() || !it->is_number()) return kNaN;
-  return it->get<double>();
-}
-
-Json to_json(double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); }
 
 // A clock that restarts with every process of a resumed run (elapsed_s, telemetry t_s)
 // made continuous: when it goes back, the next segment starts where the last one ended.
@@ -116,18 +109,8 @@ struct TelemetryColumns {
 
 Json column(const std::vector<double>& values) {
   Json a = Json::array();
-  for (double v : values) a.push_back(to_json(v));
+  for (double v : values) a.push_back(json_number(v));
   return a;
-}
-
-double median(std::vector<double> v) {
-  v.erase(std::remove_if(v.begin(), v.end(), [](double x) { return !std::isfinite(x); }), v.end());
-  if (v.empty()) return kNaN;
-  const size_t mid = v.size() / 2;
-  std::nth_element(v.begin(), v.begin() + mid, v.end());
-  double m = v[mid];
-  if (v.size() % 2 == 0) m = (m + *std::max_element(v.begin(), v.begin() + mid)) / 2;
-  return m;
 }
 
 std::string now_text() {
@@ -267,7 +250,7 @@ nlohmann::ordered_json collect_report_data(const std::string& run_dir, const Htm
   Json val_json = {{"step", Json::array()}, {"loss", Json::array()}};
   for (const auto& [s, v] : val) {
     val_json["step"].push_back(s);
-    val_json["loss"].push_back(to_json(v));
+    val_json["loss"].push_back(json_number(v));
   }
   data["val"] = val_json;
 
@@ -283,7 +266,7 @@ nlohmann::ordered_json collect_report_data(const std::string& run_dir, const Htm
       double m = kNaN;
       for (size_t k = r; k < std::min(rows, r + bin); ++k)
         if (std::isfinite(col[k]) && !(col[k] <= m)) m = col[k];
-      out.push_back(to_json(m));
+      out.push_back(json_number(m));
     }
     layers["values"].push_back(out);
   }
@@ -344,10 +327,10 @@ nlohmann::ordered_json collect_report_data(const std::string& run_dir, const Htm
   data["summary"] = {{"steps_logged", step_lines},
                      {"first_step", rows ? Json(steps.step.front()) : Json(nullptr)},
                      {"last_step", rows ? Json(steps.step.back()) : Json(nullptr)},
-                     {"final_loss", to_json(final_loss)},
-                     {"best_val_loss", to_json(best_val)},
-                     {"median_tokens_per_s", to_json(median(steps.columns["tokens_per_s"]))},
-                     {"wall_s", to_json(elapsed.empty() ? kNaN : elapsed.back())},
+                     {"final_loss", json_number(final_loss)},
+                     {"best_val_loss", json_number(best_val)},
+                     {"median_tokens_per_s", json_number(median(steps.columns["tokens_per_s"]))},
+                     {"wall_s", json_number(elapsed.empty() ? kNaN : elapsed.back())},
                      {"skipped", skipped_total},
                      {"anomalies", anomalies.size()},
                      {"rollbacks", rollback_steps.size()}};

@@ -19,6 +19,7 @@
 
 #include "gradguard/core/crc32c.h"
 #include "gradguard/core/error.h"
+#include "gradguard/core/json_number.h"
 
 namespace gradguard::report {
 namespace {
@@ -359,12 +360,6 @@ struct Segment {
   double last_elapsed = 0;
   double start = 0;  // resolved estimate, unix seconds
 };
-
-double number_or_nan(const Json& line, const char* key) {
-  const auto it = line.find(key);
-  return it != line.end() && it->is_number() ? it->get<double>()
-                                             : std::numeric_limits<double>::quiet_NaN();
-}
 
 double mtime_of(const std::string& path) {
   struct stat st {};
