@@ -244,15 +244,19 @@ Check run_allreduce(dist::Communicator& comm, const BenchPlan& plan) {
                    plan.allreduce_mib, (long long)n);
       std::fflush(plan.progress);
     }
-    auto buffer = torch::ones({static_cast<int64_t>(bytes / 4)}, torch::kFloat32);
-    const double t = median_seconds(
-        [&] { comm.allreduce_sum(buffer, "doctor all-reduce benchmark"); }, [] {}, plan.reps, 0);
+    // NCCL reduces device memory and returns once the collective is queued: the timing
+    // waits for the device. Gloo reduces host memory and returns when it is done.
+    const bool on_device = comm.backend() == "nccl";
+    const torch::Device where = on_device ? torch::Device(plan.device) : torch::Device(torch::kCPU);
+    auto buffer = torch::ones({static_cast<int64_t>(bytes / 4)}, torch::TensorOptions().dtype(torch::kFloat32).device(where));
+    const double t = median_seconds([&] { comm.allreduce_sum(buffer, "doctor all-reduce benchmark"); },
+                                    syncer(where), plan.reps, 0);
     const double algbw = bytes / t / 1e9;
     const double busbw = algbw * 2.0 * static_cast<double>(n - 1) / static_cast<double>(n);
     Check check = make_check(
         "bench.allreduce", Status::kInfo,
-        strprintf("busbw %.3g GB/s (algbw %.3g GB/s; %lld ranks, %.0f MiB, %s on host memory)",
-                  busbw, algbw, (long long)n, plan.allreduce_mib, comm.backend().c_str()),
+        strprintf("busbw %.3g GB/s (algbw %.3g GB/s; %lld ranks, %.0f MiB, %s on %s memory)", busbw, algbw,
+                  (long long)n, plan.allreduce_mib, comm.backend().c_str(), on_device ? "device" : "host"),
         "the bandwidth gradient sync gets; compare with the link speed between the ranks");
     check.metrics = {{"busbw_gbps", busbw},
                      {"algbw_gbps", algbw},

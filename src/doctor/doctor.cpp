@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "doctor_internal.h"
+#include "gradguard/core/device.h"
 #include "gradguard/core/error.h"
 #include "gradguard/dist/communicator.h"
 
@@ -329,7 +330,12 @@ Report run_doctor(const DoctorOptions& options, const dist::EnvLookup& env, std:
     try {
       dist::DistOptions dist_options;
       dist_options.timeout_s = options.dist_timeout_s;
-      comm = std::make_unique<dist::Communicator>(denv, dist_options, torch::kCPU);
+      // On a GPU of a build with NCCL the ranks meet on NCCL, as training would (auto
+      // backend); otherwise on Gloo over host memory.
+      const torch::Device comm_device =
+          device && *device != "cpu" && dist::nccl_compiled() ? torch::Device(*device) : torch::Device(torch::kCPU);
+      make_current(comm_device);
+      comm = std::make_unique<dist::Communicator>(denv, dist_options, comm_device);
       comm->agree("doctor-start", "");
       report.checks.push_back(make_check(
           "dist.rendezvous", Status::kPass,

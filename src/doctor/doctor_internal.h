@@ -96,6 +96,7 @@ class Communicator;
 }
 
 namespace gradguard::doctor::detail {
-// "bench.allreduce": bus bandwidth of a float32 all-reduce over `comm` (Gloo, host memory).
+// "bench.allreduce": bus bandwidth of a float32 all-reduce over `comm`: NCCL on
+// plan.device's memory, or Gloo on host memory.
 Check run_allreduce(dist::Communicator& comm, const BenchPlan& plan);
 }  // namespace gradguard::doctor::detail
