@@ -112,6 +112,9 @@ GradSync::GradSync(std::vector<at::Tensor> params, Communicator& comm, const Dis
     : params_(std::move(params)), comm_(comm), options_(options), side_slots_(side_slots),
       self_(std::make_shared<GradSync*>(this)) {
   TORCH_INTERNAL_ASSERT(!params_.empty());
+  // fp16, and bf16 where the backend can sum it: divide by the world size, cast, sum.
+  if (options_.hook == "fp16") scaled_wire_ = torch::kHalf;
+  if (options_.hook == "bf16" && comm_.sums_bf16()) scaled_wire_ = torch::kBFloat16;
   const auto opts = params_[0].options().dtype(torch::kFloat).requires_grad(false);
   for (const auto& p : params_)
     if (p.scalar_type() != torch::kFloat)
@@ -223,11 +226,8 @@ void GradSync::launch(size_t b) {
                            std::to_string(buckets_.size()) + ", step " + std::to_string(step_) + ")";
   const double world = static_cast<double>(comm_.world_size());
   B.powersgd = false;
-  if (options_.hook == "fp16") {
-    B.wire = B.buffer.mul(1.0 / world).to(torch::kHalf);
-    B.work = comm_.allreduce_sum_async(B.wire, what);
-  } else if (options_.hook == "bf16" && comm_.sums_bf16()) {
-    B.wire = B.buffer.mul(1.0 / world).to(torch::kBFloat16);
+  if (scaled_wire_) {
+    B.wire = B.buffer.mul(1.0 / world).to(*scaled_wire_);
     B.work = comm_.allreduce_sum_async(B.wire, what);
   } else if (options_.hook == "bf16") {
     B.wire = B.buffer.to(torch::kBFloat16).view(torch::kByte);
@@ -267,7 +267,7 @@ at::Tensor GradSync::finish() {
   for (auto& bp : buckets_) {
     auto& B = *bp;
     B.work.wait();
-    if (options_.hook == "fp16" || (options_.hook == "bf16" && comm_.sums_bf16())) {
+    if (scaled_wire_) {
       B.buffer.copy_(B.wire.to(torch::kFloat)).mul_(world);
     } else if (options_.hook == "bf16") {
       auto sum = B.gathered[0].view(torch::kBFloat16).to(torch::kFloat);

@@ -37,6 +37,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -82,6 +83,7 @@ class GradSync {
   std::vector<at::Tensor> params_;
   Communicator& comm_;
   DistOptions options_;
+  std::optional<c10::ScalarType> scaled_wire_;  // wire dtype of the divide-cast-sum hooks, if this is one
   int64_t side_slots_ = 0;
   int64_t step_ = 0;
   std::vector<std::unique_ptr<Bucket>> buckets_;  // [bucket] in launch order
