@@ -95,7 +95,7 @@ std::string local_address_towards(const std::string& host, int port) {
 // not (NCCL_...). A value the user exported is kept.
 [[maybe_unused]] void enable_nccl_error_handling() {
   for (const char* name : {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"})
-    if (std::getenv(name) == nullptr) setenv(name, "1", /*overwrite=*/0);
+    setenv(name, "1", /*overwrite=*/0);
 }
 
 }  // namespace
@@ -103,6 +103,7 @@ std::string local_address_towards(const std::string& host, int port) {
 bool nccl_compiled() { return GG_NCCL != 0; }
 
 std::string choose_backend(const std::string& requested, const c10::Device& device, bool nccl_built) {
+  check_backend(requested);
   const bool gpu = device.is_cuda();
   const std::string backend = requested == "auto" ? (gpu ? "nccl" : "gloo") : requested;
   if (backend == "nccl") {
@@ -114,10 +115,9 @@ std::string choose_backend(const std::string& requested, const c10::Device& devi
                                       "has no GPU code (see docs/gpu.md for building against a CUDA/ROCm LibTorch)");
     return backend;
   }
-  if (backend == "gloo" && gpu)
+  if (gpu)
     throw bad_input("dist.backend", "gloo runs data-parallel training on run.device=cpu only; on GPUs use nccl "
                                     "(or auto)");
-  if (backend != "gloo") throw bad_input("dist.backend", "'" + backend + "' is not valid (valid: auto, gloo, nccl)");
   return backend;
 }
 

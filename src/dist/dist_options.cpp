@@ -7,9 +7,13 @@
 
 namespace gradguard::dist {
 
-void DistOptions::validate() const {
+void check_backend(const std::string& backend) {
   if (backend != "auto" && backend != "gloo" && backend != "nccl")
     throw bad_input("dist.backend", "'" + backend + "' is not valid (valid: auto, gloo, nccl)");
+}
+
+void DistOptions::validate() const {
+  check_backend(backend);
   if (!(timeout_s > 0) || !std::isfinite(timeout_s))
     throw bad_input("dist.timeout_s", "must be a positive number of seconds, got " + format_number(timeout_s));
   if (!(bucket_mb > 0) || !std::isfinite(bucket_mb))

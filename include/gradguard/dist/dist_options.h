@@ -22,4 +22,8 @@ struct DistOptions {
   void validate() const;
 };
 
+// The name check of dist.backend alone: throws gradguard::Error (bad input) unless
+// `backend` is auto, gloo or nccl.
+void check_backend(const std::string& backend);
+
 }  // namespace gradguard::dist
