@@ -72,26 +72,19 @@ if [ "${1:-}" = "--cuda" ]; then
 fi
 
 suite=trixie
+compilers=(build-essential cmake ninja-build ccache pkg-config)
+libraries=(libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev)
 if [ "$variant" = cpu ]; then
   root="${GRADGUARD_TORCH2_ROOT:-/var/cache/gradguard/trixie-torch2}"
   components=main
-  packages=(
-    build-essential cmake ninja-build ccache pkg-config
-    libtorch-dev libgloo-dev libopenblas0-pthread
-    libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libspdlog-dev
-    libgtest-dev libgmock-dev libbenchmark-dev
-    python3-torch iproute2 chromium procps ca-certificates
-  )
+  packages=("${compilers[@]}" libtorch-dev libgloo-dev libopenblas0-pthread "${libraries[@]}"
+            python3-torch iproute2 chromium procps ca-certificates)
   stamp_text="$suite ${packages[*]}"
 else
   root="${GRADGUARD_TORCH2_ROOT:-/var/cache/gradguard/trixie-torch2-cuda}"
   components=main,contrib,non-free
-  packages=(
-    build-essential cmake ninja-build ccache pkg-config
-    libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libspdlog-dev
-    libgtest-dev libgmock-dev libbenchmark-dev
-    libtorch-cuda-dev nvidia-cuda-toolkit nvidia-cuda-toolkit-gcc libnccl-dev libgloo-cuda-dev
-  )
+  packages=("${compilers[@]}" "${libraries[@]}"
+            libtorch-cuda-dev nvidia-cuda-toolkit nvidia-cuda-toolkit-gcc libnccl-dev libgloo-cuda-dev)
   stamp_text="$suite $components ${packages[*]}"
 fi
 # The stamp names the suite (and components) and the package list: a change to either
