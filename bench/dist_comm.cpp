@@ -115,7 +115,7 @@ int worker(int repeats, double bucket_mb) {
     const double c = median(tc), s = median(ts), v = median(to);
     const double comm_s = std::max(s - c, 1e-9);
     std::printf("dist_comm: %lld ranks (%s), backend %s, %lld threads per rank, %d repeats (medians)\n\n",
-                (long long)env.world_size, env.source.c_str(), comm.backend().c_str(),
+                (long long)env.world_size, env.source.c_str(), name_of(comm.backend()),
                 (long long)std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()) /
                                                     env.local_world_size),
                 repeats);

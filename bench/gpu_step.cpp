@@ -2,7 +2,7 @@
 // GPU, with the guard on and off, for bench/gpu/run.sh (and by hand: it also runs on the
 // CPU, slowly, with --device cpu).
 //
-//   guarded  the trainer's step (src/train/trainer.cpp) made of the library's pieces:
+//   guarded  the trainer's step (src/train/trainer.cpp): guard::GuardedStep after
 //            accumulate over micro-batches under autocast with the loss scale, the fused
 //            statistics pass (unscale, per-tensor/per-layer/global norms, the loss and
 //            micro-batch losses read back in the one host copy), global clip, loss
@@ -39,16 +39,13 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "gradguard/amp/loss_scaler.h"
 #include "gradguard/amp/precision.h"
+#include "gradguard/core/choice.h"
 #include "gradguard/core/device.h"
 #include "gradguard/core/stats.h"
-#include "gradguard/grad/clip.h"
-#include "gradguard/grad/grad_stats.h"
-#include "gradguard/guard/detector.h"
+#include "gradguard/guard/guarded_step.h"
 #include "gradguard/model/llama.h"
 #include "gradguard/optim/optimizer.h"
-#include "gradguard/train/guarded_step.h"
 #include "gradguard/train/step.h"
 
 using namespace gradguard;
@@ -124,14 +121,14 @@ class Bench {
       params_.push_back(item.value());
       names_.push_back(item.key());
     }
-    amp_.dtype = a.dtype;
+    amp_.dtype = parse_choice<amp::AmpDtype>(a.dtype, "--dtype");
     optim::OptimOptions oo;
     oo.lr = 1e-4;  // small: the weights stay sane over the run, the cost is the same
     optimizer_ = optim::make_optimizer(named, oo);
-    scaler_ = std::make_unique<amp::LossScaler>(amp_.scaler, amp::resolve_scaler_mode(amp_.scaler, a.dtype));
-    stats_ = std::make_unique<grad::GradStatsComputer>(params_, names_);
-    clipper_ = std::make_unique<grad::Clipper>(grad::ClipOptions{}, params_, names_);
-    detector_ = std::make_unique<guard::AnomalyDetector>(guard::GuardOptions{}, stats_->groups().names, 0);
+    guard::GuardedStepOptions go;
+    go.scaler = amp_.scaler;
+    go.amp_dtype = amp_.dtype;
+    guarded_ = std::make_unique<guard::GuardedStep>(go, params_, names_, guard::optimizer_hooks(*optimizer_, params_));
     // Four step-sized sets of random batches on the device, cycled.
     for (int set = 0; set < 4; ++set) {
       std::vector<data::Batch> micro;
@@ -161,15 +158,14 @@ class Bench {
   void guarded() {
     zero();
     const auto& micro = batches_[static_cast<size_t>(step_ % 4)];
-    const double s = scaler_->scale();
-    auto acc = train::accumulate(*net_, micro, tokens_per_step(), amp_, device_, s, /*measure_first=*/false);
-    std::vector<torch::Tensor> extras = {acc.loss};
-    extras.insert(extras.end(), acc.micro_losses.begin(), acc.micro_losses.end());
-    const auto g = train::guarded_update(step_, s, extras, *stats_, *clipper_, *scaler_, *detector_, *optimizer_);
-    const auto& st = g.stats;
-    const auto& update = g.scaler;
-    last_loss_ = st.extras[0];
-    if (update.skipped) ++skipped_;
+    auto acc = train::accumulate(*net_, micro, tokens_per_step(), amp_, device_, guarded_->loss_scale(),
+                                 /*measure_first=*/false);
+    guard::StepInputs in;
+    in.loss = acc.loss;
+    in.micro_losses = torch::stack(acc.micro_losses);
+    const auto out = guarded_->step(step_, in);
+    last_loss_ = out.loss;
+    if (out.scaler.skipped) ++skipped_;
     ++step_;
   }
 
@@ -197,10 +193,7 @@ class Bench {
   std::vector<std::string> names_;
   amp::AmpOptions amp_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
-  std::unique_ptr<amp::LossScaler> scaler_;
-  std::unique_ptr<grad::GradStatsComputer> stats_;
-  std::unique_ptr<grad::Clipper> clipper_;
-  std::unique_ptr<guard::AnomalyDetector> detector_;
+  std::unique_ptr<guard::GuardedStep> guarded_;
   std::vector<std::vector<data::Batch>> batches_;
   int64_t step_ = 0, skipped_ = 0;
   double last_loss_ = 0;

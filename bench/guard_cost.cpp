@@ -23,15 +23,12 @@
 
 #include <torch/torch.h>
 
-#include "gradguard/amp/loss_scaler.h"
 #include "gradguard/core/allocator.h"
 #include "gradguard/core/stats.h"
 #include "gradguard/core/threads.h"
-#include "gradguard/train/guarded_step.h"
 #include "gradguard/grad/clip.h"
 #include "gradguard/grad/grad_stats.h"
-#include "gradguard/guard/detector.h"
-#include "gradguard/guard/noise_scale.h"
+#include "gradguard/guard/guarded_step.h"
 #include "gradguard/model/llama.h"
 #include "gradguard/optim/optimizer.h"
 #include "gradguard/telemetry/telemetry.h"
@@ -146,15 +143,13 @@ int main(int argc, char** argv) {
       micro.push_back({t.narrow(1, 0, 64).contiguous(), t.narrow(1, 1, 64).contiguous()});
     }
     const int64_t step_tokens = 32 * 64;
-    grad::GradStatsComputer stats(m.params, m.names);
-    grad::Clipper clipper(grad::ClipOptions{}, m.params, m.names);
     // Scaler off, as the trainer resolves it for fp32: a loss scale changes the backward's
     // arithmetic itself (it keeps small gradients out of the slow denormal range), which
     // would hide the guard's own cost.
-    amp::LossScaler scaler(amp::LossScalerOptions{}, "off");
+    guard::GuardedStepOptions go;
+    go.guard.warmup = 0;
+    guard::GuardedStep guard_step(go, m.params, m.names, guard::optimizer_hooks(*opt, m.params));
     train::MetricsWriter metrics("/dev/null", 50);
-    guard::AnomalyDetector detector(guard::GuardOptions{}, stats.groups().names, 0);
-    guard::NoiseScaleEstimator noise;
     telemetry::Sampler sampler(telemetry::TelemetryOptions{});
     sampler.start();
     double sink = 0;
@@ -168,30 +163,25 @@ int main(int argc, char** argv) {
       sink += loss.item<double>();
     };
     int64_t step = 0;
+    // The trainer's step: accumulate, the GuardedStep (which also steps the optimizer),
+    // the metrics line and telemetry.
     auto guarded = [&] {
       zero();
-      const double s = scaler.scale();
       const bool measure = step % 10 == 0;
-      auto acc = train::accumulate(*m.net, micro, step_tokens, amp::AmpOptions{}, torch::kCPU, s, measure);
-      std::vector<torch::Tensor> extras = {acc.loss};
-      extras.insert(extras.end(), acc.micro_losses.begin(), acc.micro_losses.end());
-      if (measure) extras.push_back(acc.first_sq_norm);
-      const auto g = train::guarded_update(step, s, extras, stats, clipper, scaler, detector, *opt);
-      const auto& st = g.stats;
-      const auto& c = g.clip;
-      double ns = NAN;
-      if (measure) ns = noise.update(st.extras.back() * 4, 16, c.grad_norm * c.grad_norm, 32);
+      auto acc = train::accumulate(*m.net, micro, step_tokens, amp::AmpOptions{}, torch::kCPU, guard_step.loss_scale(),
+                                   measure);
+      guard::StepInputs in;
+      in.loss = acc.loss;
+      in.micro_losses = torch::stack(acc.micro_losses);
+      if (measure) in.noise_sq_norm = acc.first_sq_norm;
+      in.noise_share = 0.5;
+      in.noise_micro_batch = 16;
+      in.noise_global_batch = 32;
+      const auto out = guard_step.step(step, in);
       for (const auto& sample : sampler.drain()) metrics.write_telemetry(step, sample);
-      train::StepMetrics sm;
-      sm.step = step++;
-      sm.loss = st.extras[0];
-      sm.grad_norm = c.grad_norm;
-      sm.clip_coef = c.clip_coef;
-      sm.loss_scale = s;
-      sm.noise_scale = ns;
-      for (size_t k = 0; k < st.layer_norms.size(); ++k)
-        sm.layer_grad_norms.emplace_back(stats.groups().names[k], st.layer_norms[k]);
-      metrics.write_step(sm);
+      metrics.write_events(out, 32);
+      metrics.write_step(train::step_metrics(out, guard_step.groups().names));
+      ++step;
     };
     auto t2 = interleaved({guarded, bare}, repeats);
     std::vector<double> t = {t2[1], t2[0]};

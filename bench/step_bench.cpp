@@ -41,7 +41,7 @@ Fixture& fixture() {
 void BM_ForwardBackward(benchmark::State& state) {
   auto& f = fixture();
   amp::AmpOptions amp;
-  if (state.range(0) == 1) amp.dtype = "bf16";
+  if (state.range(0) == 1) amp.dtype = amp::AmpDtype::kBf16;
   for (auto _ : state) {
     for (auto& p : f.params) p.mutable_grad() = torch::Tensor();
     auto loss = train::accumulate_gradients(*f.model, {f.batch}, 32 * 64, amp, torch::kCPU);

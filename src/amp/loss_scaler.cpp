@@ -25,9 +25,6 @@ const char* kStateWhere = "loss scaler state";
 }  // namespace
 
 void LossScalerOptions::validate() const {
-  if (mode != "auto" && mode != "dynamic" && mode != "static" && mode != "off")
-    throw bad_input("amp.scaler.mode",
-                    "'" + mode + "' is not valid (valid: auto, dynamic, static, off)");
   if (!finite_positive(init_scale))
     throw bad_input("amp.scaler.init_scale", "must be a finite number > 0, got " + num(init_scale));
   if (!std::isfinite(growth_factor) || !(growth_factor > 1))
@@ -53,22 +50,14 @@ void LossScalerOptions::validate() const {
                     "must be >= 1, got " + std::to_string(min_scale_patience));
 }
 
-std::string resolve_scaler_mode(const LossScalerOptions& options, const std::string& amp_dtype) {
-  if (options.mode == "dynamic" || options.mode == "static" || options.mode == "off")
-    return options.mode;
-  if (options.mode == "auto") return amp_dtype == "fp16" ? "dynamic" : "off";
-  throw bad_input("amp.scaler.mode",
-                  "'" + options.mode + "' is not valid (valid: auto, dynamic, static, off)");
-}
-
-LossScaler::LossScaler(const LossScalerOptions& options, const std::string& mode)
+LossScaler::LossScaler(const LossScalerOptions& options, ScalerMode mode)
     : options_(options), mode_(mode) {
   options_.validate();
-  if (mode_ != "dynamic" && mode_ != "static" && mode_ != "off")
+  if (mode_ == ScalerMode::kAuto)
     throw bad_input("amp.scaler.mode",
-                    "the scaler needs a resolved mode (dynamic, static or off), got '" + mode_ +
-                        "'; resolve 'auto' with resolve_scaler_mode");
-  scale_ = mode_ == "off" ? 1.0 : options_.init_scale;
+                    "the scaler needs a resolved mode (dynamic, static or off), got 'auto'; resolve it with "
+                    "resolve_scaler_mode");
+  scale_ = mode_ == ScalerMode::kOff ? 1.0 : options_.init_scale;
   hysteresis_left_ = options_.hysteresis;
 }
 
@@ -79,7 +68,7 @@ double LossScaler::inv_scale() const {
   return 1.0 / scale_;
 }
 bool LossScaler::enabled() const {
-  return mode_ != "off";
+  return mode_ != ScalerMode::kOff;
 }
 
 ScalerUpdate LossScaler::update(bool found_inf) {
@@ -88,7 +77,7 @@ ScalerUpdate LossScaler::update(bool found_inf) {
   r.skipped = found_inf;  // non-finite gradients are never applied, whatever the mode
   if (found_inf) ++skipped_steps_;
 
-  if (mode_ == "dynamic") {
+  if (mode_ == ScalerMode::kDynamic) {
     if (found_inf) {
       growth_tracker_ = 0;
       // Already at the floor: backing off cannot help; after `patience` such overflows in
@@ -121,7 +110,7 @@ ScalerUpdate LossScaler::update(bool found_inf) {
 }
 
 nlohmann::json LossScaler::state_dict() const {
-  return {{"mode", mode_},
+  return {{"mode", name_of(mode_)},
           {"scale", scale_},
           {"growth_tracker", growth_tracker_},
           {"hysteresis_left", hysteresis_left_},
@@ -148,9 +137,9 @@ void LossScaler::load_state_dict(const nlohmann::json& state) {
   const auto& mode = field("mode");
   if (!mode.is_string())
     throw bad_input(kStateWhere, "field 'mode' must be a string, got " + mode.dump());
-  if (mode.get<std::string>() != mode_)
+  if (mode.get<std::string>() != name_of(mode_))
     throw bad_input(kStateWhere, "saved with loss scaler mode '" + mode.get<std::string>() +
-                                     "' but this run's mode is '" + mode_ +
+                                     "' but this run's mode is '" + name_of(mode_) +
                                      "' (check amp.dtype and amp.scaler.mode)");
   const auto& scale = field("scale");
   if (!scale.is_number() || !finite_positive(scale.get<double>()))
@@ -161,7 +150,7 @@ void LossScaler::load_state_dict(const nlohmann::json& state) {
   const int64_t skipped = count("skipped_steps");
 
   // All fields are valid: commit. Options changed since the save are respected.
-  if (mode_ == "dynamic") {
+  if (mode_ == ScalerMode::kDynamic) {
     double s = std::max(scale.get<double>(), options_.min_scale);
     if (options_.max_scale > 0) s = std::min(s, options_.max_scale);
     scale_ = s;

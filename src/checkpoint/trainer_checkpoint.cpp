@@ -12,6 +12,7 @@
 #include "gradguard/core/crc32c.h"
 #include "gradguard/core/error.h"
 #include "gradguard/core/fs.h"
+#include "gradguard/core/run_dir.h"
 
 namespace gradguard::checkpoint {
 namespace stdfs = std::filesystem;
@@ -128,7 +129,7 @@ void verify_checkpoint(const std::string& dir) {
 }
 
 std::string find_resumable(const std::string& run_dir, std::vector<std::string>* rejected) {
-  const stdfs::path root = stdfs::path(run_dir) / "checkpoints";
+  const stdfs::path root = RunDir(run_dir).checkpoints();
   if (!stdfs::is_directory(root)) throw bad_input(run_dir, "has no checkpoints/ directory to resume from");
   std::vector<std::string> candidates;
   if (fs::exists((root / "latest").string())) {

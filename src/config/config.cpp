@@ -1,12 +1,15 @@
-// YAML -> typed options. Every configurable field is listed once, in fields(), with its
-// key, a pointer into the Config and a one-line description; reading a file, applying
+// YAML -> typed options. Each options struct lists its own fields with their keys and
+// meanings (core/option_fields.h); fields() below collects those lists into one table
+// of keys, references into the Config and descriptions, and reading a file, applying
 // --set overrides, printing the effective config and generating docs/config.md all walk
-// that one table, so they cannot disagree.
+// that one table, so they cannot disagree. Choice keys are parsed into their enums here,
+// once (core/choice.h).
 #include "gradguard/config/config.h"
 
 #include <yaml-cpp/yaml.h>
 
 #include <charconv>
+#include <functional>
 #include <sstream>
 #include <variant>
 
@@ -16,9 +19,22 @@
 namespace gradguard::config {
 namespace {
 
-using FieldPtr =
-    std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::array<double, 2>*, std::vector<int64_t>*,
-                 std::vector<std::string>*>;
+// A choice key, type-erased: the enum behind it is parsed and printed through its
+// choices() table (core/choice.h).
+struct ChoiceRef {
+  std::function<std::string()> get;
+  std::function<void(const std::string& text, const std::string& where)> set;
+  std::vector<std::string> names;  // every accepted name, aliases included
+};
+// A list of choices (guard.recovery.ladder).
+struct ChoiceListRef {
+  std::function<std::vector<std::string>()> get;
+  std::function<void(const std::vector<std::string>& texts, const std::string& where)> set;
+  std::vector<std::string> names;
+};
+
+using FieldPtr = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::array<double, 2>*,
+                              std::vector<int64_t>*, ChoiceRef, ChoiceListRef>;
 
 struct Field {
   std::string section;
@@ -28,161 +44,86 @@ struct Field {
   std::string full() const { return section + "." + key; }
 };
 
+template <class E>
+ChoiceRef choice_ref(E& value) {
+  return {[&value] { return std::string(name_of(value)); },
+          [&value](const std::string& text, const std::string& where) { value = parse_choice<E>(text, where); },
+          choice_names<E>()};
+}
+
+template <class E>
+ChoiceListRef choice_list_ref(std::vector<E>& values) {
+  return {[&values] {
+            std::vector<std::string> out;
+            for (E v : values) out.emplace_back(name_of(v));
+            return out;
+          },
+          [&values](const std::vector<std::string>& texts, const std::string& where) {
+            std::vector<E> parsed;
+            for (const auto& t : texts) parsed.push_back(parse_choice<E>(t, where));
+            values = std::move(parsed);
+          },
+          choice_names<E>()};
+}
+
+template <class T>
+struct is_choice_vector : std::false_type {};
+template <class E>
+struct is_choice_vector<std::vector<E>> : std::bool_constant<is_choice_v<E>> {};
+
+// Collects one section's fields (the options structs list them: core/option_fields.h).
+struct Collector {
+  std::vector<Field>& out;
+  std::string section;
+  template <class T>
+  void operator()(const char* key, T& value, const char* doc) {
+    if constexpr (is_choice_v<T>)
+      out.push_back({section, key, choice_ref(value), doc});
+    else if constexpr (is_choice_vector<T>::value)
+      out.push_back({section, key, choice_list_ref(value), doc});
+    else
+      out.push_back({section, key, &value, doc});
+  }
+};
+
 const std::vector<std::string> kSections = {"run",  "model", "data", "batch",      "optim", "schedule",
                                             "clip", "amp",   "eval", "checkpoint", "log",   "guard",
                                             "telemetry", "dist"};
 
+// Every configurable field, in the order config files, `config show` and
+// docs/config.md list them. The pointers refer into `c`.
 std::vector<Field> fields(Config& c) {
-  return {
-      {"run", "name", &c.run.name, "run directory name under run.dir; \"\" = <model>-<date>-<time>"},
-      {"run", "dir", &c.run.dir, "parent directory of run directories"},
-      {"run", "seed", &c.run.seed, "seed for weight init and data shuffling"},
-      {"run", "device", &c.run.device, "cpu | auto | cuda | cuda:N"},
-      {"run", "threads", &c.run.threads, "CPU threads; 0 = the CPUs this process may use (affinity, cgroup quota), split between ranks on a node"},
-      {"run", "thread_pool", &c.run.thread_pool,
-       "which pool gets run.threads (the other runs on 1): blas = the BLAS library's (matmuls), aten = ATen's intra-op (elementwise ops); auto = blas with OpenBLAS, else aten"},
-      {"run", "overwrite", &c.run.overwrite, "allow reusing a run directory that holds a run"},
-      {"model", "vocab_size", &c.model.vocab_size, "vocabulary size (256 for byte-level data)"},
-      {"model", "hidden_size", &c.model.hidden_size, "model width"},
-      {"model", "intermediate_size", &c.model.intermediate_size, "SwiGLU hidden width"},
-      {"model", "num_layers", &c.model.num_layers, "decoder layers"},
-      {"model", "num_heads", &c.model.num_heads, "attention query heads; divides hidden_size"},
-      {"model", "num_kv_heads", &c.model.num_kv_heads, "K/V heads (GQA); divides num_heads"},
-      {"model", "max_seq_len", &c.model.max_seq_len, "longest sequence the model accepts"},
-      {"model", "rope_theta", &c.model.rope_theta, "rotary embedding base"},
-      {"model", "rms_norm_eps", &c.model.rms_norm_eps, "RMSNorm epsilon"},
-      {"model", "tie_embeddings", &c.model.tie_embeddings, "lm_head shares the embedding matrix"},
-      {"model", "init_std", &c.model.init_std, "init std; residual projections use std/sqrt(2*num_layers)"},
-      {"model", "init_from", &c.model.init_from,
-       "HF directory (config.json + model.safetensors) to start from; its architecture wins; \"\" = random"},
-      {"model", "activation_checkpointing", &c.model.activation_checkpointing,
-       "keep only each decoder layer's input in training and recompute its activations in backward (less memory, more compute)"},
-      {"data", "train_path", &c.data.train_path, "training token file (llm.c format)"},
-      {"data", "val_path", &c.data.val_path, "validation token file; \"\" disables validation"},
-      {"data", "seq_len", &c.data.seq_len, "tokens per sample (T)"},
-      {"data", "shuffle", &c.data.shuffle, "false: file order; true: seeded permutation per epoch"},
-      {"batch", "micro_batch", &c.batch.micro_batch, "sequences per forward/backward (per rank)"},
-      {"batch", "accum_steps", &c.batch.accum_steps, "micro-batches accumulated per optimizer step"},
-      {"batch", "global_batch", &c.batch.global_batch,
-       "sequences per optimizer step; 0 = micro_batch*accum_steps*ranks, >0 sets accum_steps"},
-      {"batch", "require_pow2", &c.batch.require_pow2, "reject batch sizes that are not powers of 2"},
-      {"optim", "name", &c.optim.name, "optimizer: adamw"},
-      {"optim", "lr", &c.optim.lr, "peak learning rate"},
-      {"optim", "betas", &c.optim.betas, "Adam [beta1, beta2]"},
-      {"optim", "eps", &c.optim.eps, "Adam epsilon"},
-      {"optim", "weight_decay", &c.optim.weight_decay, "weight decay on dim>=2 tensors; 0 disables"},
-      {"optim", "implementation", &c.optim.implementation,
-       "adamw kernel: auto (fused where LibTorch has it, else foreach), fused, foreach or loop"},
-      {"optim", "max_trust_ratio", &c.optim.max_trust_ratio, "lamb: clamp of the trust ratio ||w||/||update||"},
-      {"optim", "momentum", &c.optim.momentum, "lars: momentum"},
-      {"optim", "trust_coefficient", &c.optim.trust_coefficient, "lars: eta of the local learning rate"},
-      {"optim", "lr_scaling", &c.optim.lr_scaling, "none | linear | sqrt: scale lr by global_batch/base_batch"},
-      {"optim", "base_batch", &c.optim.base_batch, "sequences per step optim.lr was tuned for; 0 = no scaling"},
-      {"schedule", "warmup_steps", &c.schedule.warmup_steps, "linear warmup steps; 0 disables"},
-      {"schedule", "total_steps", &c.schedule.total_steps, "optimizer steps of the run"},
-      {"schedule", "decay", &c.schedule.decay, "cosine | linear | constant"},
-      {"schedule", "min_lr", &c.schedule.min_lr, "learning-rate floor (absolute, before lr scaling)"},
-      {"schedule", "wsd_decay_fraction", &c.schedule.wsd_decay_fraction, "wsd: share of post-warmup steps decaying"},
-      {"clip", "strategy", &c.clip.strategy, "none | global | history | layerwise | agc | zscore"},
-      {"clip", "max_norm", &c.clip.max_norm, "global/layerwise threshold; history cap; zscore warmup threshold"},
-      {"clip", "error_if_nonfinite", &c.clip.error_if_nonfinite, "halt (exit 3) on inf/NaN gradients instead of skipping"},
-      {"clip", "history_window", &c.clip.history_window, "history: norms averaged (W)"},
-      {"clip", "history_factor", &c.clip.history_factor, "history: threshold = min(max_norm, factor*mean)"},
-      {"clip", "agc_lambda", &c.clip.agc_lambda, "agc: max ||G_row|| / max(||W_row||, agc_eps)"},
-      {"clip", "agc_eps", &c.clip.agc_eps, "agc: floor of the weight-row norm"},
-      {"clip", "zscore_threshold", &c.clip.zscore_threshold, "zscore: clip when the norm's z-score exceeds this"},
-      {"clip", "zscore_alpha", &c.clip.zscore_alpha, "zscore: EMA decay of mean and variance"},
-      {"clip", "zscore_warmup", &c.clip.zscore_warmup, "zscore: steps seeding the statistics (max_norm applies)"},
-      {"amp", "dtype", &c.amp.dtype, "compute dtype: fp32 | bf16 | fp16 (fp16: GPU only)"},
-      {"amp", "scaler.mode", &c.amp.scaler.mode, "auto (dynamic for fp16, else off) | dynamic | static | off"},
-      {"amp", "scaler.init_scale", &c.amp.scaler.init_scale, "initial (dynamic) or fixed (static) loss scale"},
-      {"amp", "scaler.growth_factor", &c.amp.scaler.growth_factor, "scale multiplier after growth_interval clean steps"},
-      {"amp", "scaler.backoff_factor", &c.amp.scaler.backoff_factor, "scale multiplier on overflow"},
-      {"amp", "scaler.growth_interval", &c.amp.scaler.growth_interval, "consecutive finite steps before growing"},
-      {"amp", "scaler.max_scale", &c.amp.scaler.max_scale, "cap on growth; 0 disables"},
-      {"amp", "scaler.min_scale", &c.amp.scaler.min_scale, "floor on backoff"},
-      {"amp", "scaler.hysteresis", &c.amp.scaler.hysteresis, "consecutive overflows tolerated before backing off"},
-      {"amp", "scaler.min_scale_patience", &c.amp.scaler.min_scale_patience,
-       "overflows in a row at min_scale before it is reported as stuck"},
-      {"eval", "every", &c.eval.every, "validate every N steps; 0 = only at the end"},
-      {"eval", "batches", &c.eval.batches, "validation micro-batches per evaluation"},
-      {"checkpoint", "every", &c.checkpoint.every, "checkpoint every N steps; 0 = only the final one"},
-      {"checkpoint", "keep_last", &c.checkpoint.keep_last, "periodic checkpoints kept; 0 keeps all"},
-      {"log", "every", &c.log.every, "plain progress line every N steps"},
-      {"log", "progress", &c.log.progress,
-       "auto (bar on a terminal, else lines) | bar | lines | jsonl (one JSON object per step on stdout) | quiet"},
-      {"log", "report", &c.log.report, "write report.html into the run directory when the run ends or halts"},
-      {"log", "tensorboard", &c.log.tensorboard, "write TensorBoard event files into the run directory as it runs"},
-      {"guard", "enabled", &c.guard.enabled, "anomaly detection, snapshots and recovery (non-finite steps are always skipped)"},
-      {"guard", "warmup", &c.guard.warmup, "steps before the loss and per-layer rules arm; -1 = schedule.warmup_steps"},
-      {"guard", "grad_norm_factor", &c.guard.grad_norm_factor,
-       "anomaly: grad norm > factor x clip threshold (x recent mean when nothing clips); 0 disables"},
-      {"guard", "grad_norm_patience", &c.guard.grad_norm_patience,
-       "steps in a row above the limit before an explosion that clipping bounds is critical"},
-      {"guard", "loss_zscore", &c.guard.loss_zscore, "anomaly: loss z-score against the trend of the recent window; 0 disables"},
-      {"guard", "loss_window", &c.guard.loss_window, "healthy steps in the loss and grad-norm windows"},
-      {"guard", "layer_zscore", &c.guard.layer_zscore, "per-layer outlier: log-norm z-score against its EMA; 0 disables"},
-      {"guard", "backoff_limit", &c.guard.backoff_limit, "anomaly: this many loss-scale backoffs within backoff_window; 0 disables"},
-      {"guard", "backoff_window", &c.guard.backoff_window, "steps of the backoff-storm window"},
-      {"guard", "skip_streak", &c.guard.skip_streak, "anomaly: this many skipped steps in a row; 0 disables"},
-      {"guard", "recovery.ladder", &c.guard.recovery.ladder,
-       "escalation: skip | cooldown | reset_moments | rollback | halt, in order"},
-      {"guard", "recovery.skip_budget", &c.guard.recovery.skip_budget, "skips per run"},
-      {"guard", "recovery.cooldown_budget", &c.guard.recovery.cooldown_budget, "LR cool-downs per run"},
-      {"guard", "recovery.reset_budget", &c.guard.recovery.reset_budget, "optimizer-moment resets per run"},
-      {"guard", "recovery.rollback_budget", &c.guard.recovery.rollback_budget,
-       "rollbacks per run (needs checkpoint.every > 0)"},
-      {"guard", "recovery.calm_steps", &c.guard.recovery.calm_steps,
-       "steps after an action within which the same kind of anomaly climbs the ladder"},
-      {"guard", "recovery.cooldown_factor", &c.guard.recovery.cooldown_factor, "LR multiplier during a cool-down"},
-      {"guard", "recovery.cooldown_steps", &c.guard.recovery.cooldown_steps, "steps a cool-down lasts"},
-      {"guard", "recovery.rollback_skip_steps", &c.guard.recovery.rollback_skip_steps,
-       "extra steps of data skipped after a rollback"},
-      {"guard", "snapshot.enabled", &c.guard.snapshot.enabled, "write snapshots/step-N-<kind>/ on critical anomalies"},
-      {"guard", "snapshot.max_count", &c.guard.snapshot.max_count, "snapshots per run"},
-      {"guard", "snapshot.max_mb", &c.guard.snapshot.max_mb, "disk budget of all snapshots (MiB)"},
-      {"guard", "snapshot.min_interval", &c.guard.snapshot.min_interval, "steps between snapshots (a halt always tries one)"},
-      {"guard", "snapshot.history", &c.guard.snapshot.history, "metrics lines (steps) kept in a snapshot"},
-      {"guard", "noise_scale.every", &c.guard.noise_scale.every,
-       "estimate the gradient noise scale every N steps (needs accum_steps > 1); 0 disables"},
-      {"guard", "noise_scale.ema", &c.guard.noise_scale.ema, "EMA smoothing of the noise-scale estimates"},
-      {"guard", "noise_scale.warn_ratio", &c.guard.noise_scale.warn_ratio,
-       "warn when global_batch > ratio x B_simple; 0 disables"},
-      {"guard", "noise_scale.warn_after", &c.guard.noise_scale.warn_after, "estimates before the warning may fire"},
-      {"guard", "inject.nonfinite_steps", &c.guard.inject.nonfinite_steps,
-       "fault injection: steps whose gradients get an inf"},
-      {"guard", "inject.spike_steps", &c.guard.inject.spike_steps,
-       "fault injection: steps whose batch is replaced by random tokens"},
-      {"guard", "inject.overflow_storm", &c.guard.inject.overflow_storm,
-       "fault injection: [start, length] steps of overflowing gradients; [] = none"},
-      {"guard", "inject.rank", &c.guard.inject.rank,
-       "fault injection: the rank whose gradients or batch are corrupted; -1 = every rank"},
-      {"telemetry", "enabled", &c.telemetry.enabled, "background sampler of process and GPU state"},
-      {"telemetry", "period_ms", &c.telemetry.period_ms, "sampling period (ms)"},
-      {"telemetry", "window", &c.telemetry.window, "samples kept in memory for snapshots"},
-      {"telemetry", "backend", &c.telemetry.backend, "GPU source: auto | nvml | rocm_smi | none (/proc is always read)"},
-      {"dist", "backend", &c.dist.backend, "auto (nccl on GPUs, gloo on CPU) | gloo | nccl"},
-      {"dist", "timeout_s", &c.dist.timeout_s, "a collective or rendezvous waiting longer fails the run (s)"},
-      {"dist", "bucket_mb", &c.dist.bucket_mb, "flat gradient buckets all-reduced during the last backward (MiB)"},
-      {"dist", "hook", &c.dist.hook, "gradient compression: none | fp16 | bf16 | powersgd"},
-      {"dist", "powersgd_rank", &c.dist.powersgd_rank, "PowerSGD: rank of the low-rank approximation"},
-      {"dist", "powersgd_start_step", &c.dist.powersgd_start_step, "PowerSGD: plain all-reduce before this step"},
-      {"dist", "check_every", &c.dist.check_every, "compare a weight checksum across ranks every N steps; 0 disables"},
-      {"dist", "heartbeat_s", &c.dist.heartbeat_s, "how often each rank tells the rendezvous store it is alive (s)"},
-  };
+  std::vector<Field> out;
+  auto section = [&](const char* name, auto& options) { options.fields(Collector{out, name}); };
+  section("run", c.run);
+  section("model", c.model);
+  section("data", c.data);
+  section("batch", c.batch);
+  section("optim", c.optim);
+  section("schedule", c.schedule);
+  section("clip", c.clip);
+  section("amp", c.amp);
+  section("eval", c.eval);
+  section("checkpoint", c.checkpoint);
+  section("log", c.log);
+  section("guard", c.guard);
+  section("telemetry", c.telemetry);
+  section("dist", c.dist);
+  return out;
 }
 
 std::string type_name(const FieldPtr& p) {
   return std::visit(
-      [](auto* v) -> std::string {
-        using T = std::remove_pointer_t<decltype(v)>;
+      [](const auto& v) -> std::string {
+        using T = std::remove_cv_t<std::remove_pointer_t<std::decay_t<decltype(v)>>>;
         if constexpr (std::is_same_v<T, int64_t>) return "integer";
         if constexpr (std::is_same_v<T, uint64_t>) return "non-negative integer";
         if constexpr (std::is_same_v<T, double>) return "number";
         if constexpr (std::is_same_v<T, bool>) return "boolean";
         if constexpr (std::is_same_v<T, std::string>) return "string";
         if constexpr (std::is_same_v<T, std::vector<int64_t>>) return "list of integers";
-        if constexpr (std::is_same_v<T, std::vector<std::string>>) return "list of strings";
+        if constexpr (std::is_same_v<T, ChoiceRef>) return "choice";
+        if constexpr (std::is_same_v<T, ChoiceListRef>) return "list of choices";
         return "list of 2 numbers";
       },
       p);
@@ -208,8 +149,8 @@ std::string quote(const std::string& s) {
 
 std::string format_value(const FieldPtr& p) {
   return std::visit(
-      [](auto* v) -> std::string {
-        using T = std::remove_pointer_t<decltype(v)>;
+      [](const auto& v) -> std::string {
+        using T = std::remove_cv_t<std::remove_pointer_t<std::decay_t<decltype(v)>>>;
         if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, uint64_t>) return std::to_string(*v);
         if constexpr (std::is_same_v<T, double>) return format_double(*v);
         if constexpr (std::is_same_v<T, bool>) return *v ? "true" : "false";
@@ -221,9 +162,11 @@ std::string format_value(const FieldPtr& p) {
           for (size_t i = 0; i < v->size(); ++i) out += (i ? ", " : "") + std::to_string((*v)[i]);
           return out + "]";
         }
-        if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+        if constexpr (std::is_same_v<T, ChoiceRef>) return v.get();
+        if constexpr (std::is_same_v<T, ChoiceListRef>) {
+          const auto names = v.get();
           std::string out = "[";
-          for (size_t i = 0; i < v->size(); ++i) out += (i ? ", " : "") + quote((*v)[i]);
+          for (size_t i = 0; i < names.size(); ++i) out += (i ? ", " : "") + names[i];
           return out + "]";
         }
       },
@@ -253,9 +196,20 @@ double parse_double(const YAML::Node& node, const std::string& where) {
 // Assigns `node` to the field, checking its type. `where` names the key for messages.
 void assign(const Field& f, const YAML::Node& node, const std::string& where) {
   std::visit(
-      [&](auto* v) {
-        using T = std::remove_pointer_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, std::string>) {
+      [&](const auto& v) {
+        using T = std::remove_cv_t<std::remove_pointer_t<std::decay_t<decltype(v)>>>;
+        if constexpr (std::is_same_v<T, ChoiceRef>) {
+          if (!node.IsScalar()) throw bad_input(where, "expected one name, got " + node_text(node));
+          v.set(node.Scalar(), where);
+        } else if constexpr (std::is_same_v<T, ChoiceListRef>) {
+          if (!node.IsSequence()) throw bad_input(where, "expected a list of names like [a, b], got " + node_text(node));
+          std::vector<std::string> texts;
+          for (const auto& item : node) {
+            if (!item.IsScalar()) throw bad_input(where, "expected a list of names, got element " + node_text(item));
+            texts.push_back(item.Scalar());
+          }
+          v.set(texts, where);
+        } else if constexpr (std::is_same_v<T, std::string>) {
           if (node.IsNull()) *v = "";
           else if (node.IsScalar()) *v = node.Scalar();
           else throw bad_input(where, "expected a string, got " + node_text(node));
@@ -283,13 +237,6 @@ void assign(const Field& f, const YAML::Node& node, const std::string& where) {
             if (!item.IsScalar() || res.ec != std::errc() || res.ptr != t.data() + t.size())
               throw bad_input(where, "expected a list of integers, got element '" + t + "'");
             v->push_back(parsed);
-          }
-        } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
-          if (!node.IsSequence()) throw bad_input(where, "expected a list of strings like [a, b], got " + node_text(node));
-          v->clear();
-          for (const auto& item : node) {
-            if (!item.IsScalar()) throw bad_input(where, "expected a list of strings, got element " + node_text(item));
-            v->push_back(item.Scalar());
           }
         } else {
           if (!node.IsSequence() || node.size() != 2)
@@ -429,17 +376,18 @@ void Config::finalize(int64_t world_size) {
   guard.validate();
   telemetry.validate();
   dist.validate();
-  if (optim.lr_scaling != "none" && optim.lr_scaling != "linear" && optim.lr_scaling != "sqrt")
-    throw bad_input("optim.lr_scaling", "'" + optim.lr_scaling + "' is not valid (valid: none, linear, sqrt)");
-  if (optim.base_batch < 0) throw bad_input("optim.base_batch", "must be >= 0, got " + std::to_string(optim.base_batch));
   if (schedule.min_lr > optim.lr)
     throw bad_input("schedule.min_lr", "must be <= optim.lr (" + format_double(optim.lr) + "), got " +
                                            format_double(schedule.min_lr));
   if (data.seq_len > model.max_seq_len)
     throw bad_input("data.seq_len", "must be <= model.max_seq_len (" + std::to_string(model.max_seq_len) +
                                         "), got " + std::to_string(data.seq_len));
+  // One rule (train/options.h): global_batch 0 is micro_batch x accum_steps x ranks,
+  // decided again whenever the rank count is known; a given global_batch stays fixed and
+  // sets accum_steps.
   const int64_t per_step = batch.micro_batch * world_size;
-  if (batch.global_batch > 0) {
+  if (batch.global_batch == 0) batch.global_from_accum = true;
+  if (!batch.global_from_accum) {
     if (batch.global_batch % per_step != 0)
       throw bad_input("batch.global_batch",
                       std::to_string(batch.global_batch) + " is not a multiple of batch.micro_batch (" +
@@ -463,6 +411,16 @@ void Config::finalize(int64_t world_size) {
 }
 
 Config default_config() { return Config{}; }
+
+std::vector<ChoiceKey> choice_keys() {
+  Config c = default_config();
+  std::vector<ChoiceKey> out;
+  for (const auto& f : fields(c)) {
+    if (const auto* choice = std::get_if<ChoiceRef>(&f.ptr)) out.push_back({f.full(), choice->names, f.doc});
+    if (const auto* list = std::get_if<ChoiceListRef>(&f.ptr)) out.push_back({f.full(), list->names, f.doc});
+  }
+  return out;
+}
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   Config c = default_config();
@@ -515,8 +473,11 @@ std::string reference_markdown() {
       section = f.section;
       out << "\n## `" << section << "`\n\n| key | type | default | meaning |\n|---|---|---|---|\n";
     }
-    out << "| `" << f.full() << "` | " << type_name(f.ptr) << " | `" << format_value(f.ptr) << "` | "
-        << f.doc << " |\n";
+    // A '|' inside a cell would end it: escape the choice separators.
+    std::string doc;
+    for (char ch : f.doc) doc += ch == '|' ? std::string("\\|") : std::string(1, ch);
+    out << "| `" << f.full() << "` | " << type_name(f.ptr) << " | `" << format_value(f.ptr) << "` | " << doc
+        << " |\n";
   }
   return out.str();
 }

@@ -79,19 +79,13 @@ int64_t default_threads(int64_t requested, int64_t local_world_size) {
   return thread_share(requested, local_world_size, affinity_cpus(), online_cpus(), cgroup_cpu_limit());
 }
 
-void check_thread_pool(const std::string& name) {
-  if (name != "auto" && name != "aten" && name != "blas")
-    throw bad_input("run.thread_pool", "'" + name + "' is not valid (valid: auto, aten, blas)");
-}
-
-std::string resolve_thread_pool(const std::string& requested, const std::string& blas) {
-  check_thread_pool(requested);
-  if (blas == "unknown" || blas.empty()) return "aten";
-  if (requested == "auto") return blas == "openblas" ? "blas" : "aten";
+ThreadPool resolve_thread_pool(ThreadPool requested, const std::string& blas) {
+  if (blas == "unknown" || blas.empty()) return ThreadPool::kAten;
+  if (requested == ThreadPool::kAuto) return blas == "openblas" ? ThreadPool::kBlas : ThreadPool::kAten;
   return requested;
 }
 
-ThreadReport configure_threads(int64_t threads, const std::string& pool) {
+ThreadReport configure_threads(int64_t threads, ThreadPool pool) {
   ThreadReport report;
   const int64_t n = default_threads(threads);
   using Setter = void (*)(int);
@@ -106,11 +100,11 @@ ThreadReport configure_threads(int64_t threads, const std::string& pool) {
   }
   if (report.blas.empty()) report.blas = "unknown";
   report.pool = resolve_thread_pool(pool, report.blas);
-  const int64_t aten = report.pool == "blas" ? 1 : n;
+  const int64_t aten = report.pool == ThreadPool::kBlas ? 1 : n;
   at::set_num_threads(static_cast<int>(aten));
   report.intra_op = at::get_num_threads();
   if (set_blas) {
-    report.blas_threads = report.pool == "blas" ? n : 1;
+    report.blas_threads = report.pool == ThreadPool::kBlas ? n : 1;
     set_blas(static_cast<int>(report.blas_threads));
   }
   return report;

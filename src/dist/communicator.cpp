@@ -102,11 +102,10 @@ std::string local_address_towards(const std::string& host, int port) {
 
 bool nccl_compiled() { return GG_NCCL != 0; }
 
-std::string choose_backend(const std::string& requested, const c10::Device& device, bool nccl_built) {
-  check_backend(requested);
+DistBackend choose_backend(DistBackend requested, const c10::Device& device, bool nccl_built) {
   const bool gpu = device.is_cuda();
-  const std::string backend = requested == "auto" ? (gpu ? "nccl" : "gloo") : requested;
-  if (backend == "nccl") {
+  const DistBackend backend = requested == DistBackend::kAuto ? (gpu ? DistBackend::kNccl : DistBackend::kGloo) : requested;
+  if (backend == DistBackend::kNccl) {
     if (!gpu)
       throw bad_input("dist.backend", "nccl runs on GPUs only and run.device is " + device.str() +
                                           " (set dist.backend=gloo, or auto, for data parallel on the CPU)");
@@ -186,7 +185,7 @@ Communicator::Communicator(const DistEnv& env, const DistOptions& options, const
   }
 
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>(impl_->prefix + "group", impl_->store);
-  if (backend_ == "gloo") {
+  if (backend_ == DistBackend::kGloo) {
     std::shared_ptr<::gloo::transport::Device> gloo_device;
     if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname != nullptr && *ifname != '\0') {
       try {

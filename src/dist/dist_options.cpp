@@ -7,19 +7,11 @@
 
 namespace gradguard::dist {
 
-void check_backend(const std::string& backend) {
-  if (backend != "auto" && backend != "gloo" && backend != "nccl")
-    throw bad_input("dist.backend", "'" + backend + "' is not valid (valid: auto, gloo, nccl)");
-}
-
 void DistOptions::validate() const {
-  check_backend(backend);
   if (!(timeout_s > 0) || !std::isfinite(timeout_s))
     throw bad_input("dist.timeout_s", "must be a positive number of seconds, got " + format_number(timeout_s));
   if (!(bucket_mb > 0) || !std::isfinite(bucket_mb))
     throw bad_input("dist.bucket_mb", "must be a positive size in MiB, got " + format_number(bucket_mb));
-  if (hook != "none" && hook != "fp16" && hook != "bf16" && hook != "powersgd")
-    throw bad_input("dist.hook", "'" + hook + "' is not valid (valid: none, fp16, bf16, powersgd)");
   if (powersgd_rank < 1)
     throw bad_input("dist.powersgd_rank", "must be >= 1, got " + std::to_string(powersgd_rank));
   if (powersgd_start_step < 0)

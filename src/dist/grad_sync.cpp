@@ -113,8 +113,8 @@ GradSync::GradSync(std::vector<at::Tensor> params, Communicator& comm, const Dis
       self_(std::make_shared<GradSync*>(this)) {
   TORCH_INTERNAL_ASSERT(!params_.empty());
   // fp16, and bf16 where the backend can sum it: divide by the world size, cast, sum.
-  if (options_.hook == "fp16") scaled_wire_ = torch::kHalf;
-  if (options_.hook == "bf16" && comm_.sums_bf16()) scaled_wire_ = torch::kBFloat16;
+  if (options_.hook == CommHook::kFp16) scaled_wire_ = torch::kHalf;
+  if (options_.hook == CommHook::kBf16 && comm_.sums_bf16()) scaled_wire_ = torch::kBFloat16;
   const auto opts = params_[0].options().dtype(torch::kFloat).requires_grad(false);
   for (const auto& p : params_)
     if (p.scalar_type() != torch::kFloat)
@@ -133,7 +133,7 @@ GradSync::GradSync(std::vector<at::Tensor> params, Communicator& comm, const Dis
     groups.back().push_back(k);
     filled += params_[k].numel();
   }
-  const bool side_in_bucket = options_.hook == "none" && side_slots_ > 0;
+  const bool side_in_bucket = options_.hook == CommHook::kNone && side_slots_ > 0;
   for (size_t b = 0; b < groups.size(); ++b) {
     auto bucket = std::make_unique<Bucket>();
     bucket->tensors = groups[b];
@@ -144,7 +144,7 @@ GradSync::GradSync(std::vector<at::Tensor> params, Communicator& comm, const Dis
     }
     bucket->carries_side = side_in_bucket && b + 1 == groups.size();
     bucket->buffer = torch::zeros({bucket->grad_numel + (bucket->carries_side ? side_slots_ : 0)}, opts);
-    if (options_.hook == "powersgd") bucket->plan_powersgd(params_, options_.powersgd_rank);
+    if (options_.hook == CommHook::kPowerSgd) bucket->plan_powersgd(params_, options_.powersgd_rank);
     buckets_.push_back(std::move(bucket));
   }
   pending_.assign(buckets_.size(), 0);
@@ -173,7 +173,7 @@ int64_t GradSync::compressed_tensors() const {
 }
 
 bool GradSync::powersgd_active() const {
-  return options_.hook == "powersgd" && step_ >= options_.powersgd_start_step;
+  return options_.hook == CommHook::kPowerSgd && step_ >= options_.powersgd_start_step;
 }
 
 void GradSync::begin_step(int64_t step) {
@@ -229,7 +229,7 @@ void GradSync::launch(size_t b) {
   if (scaled_wire_) {
     B.wire = B.buffer.mul(1.0 / world).to(*scaled_wire_);
     B.work = comm_.allreduce_sum_async(B.wire, what);
-  } else if (options_.hook == "bf16") {
+  } else if (options_.hook == CommHook::kBf16) {
     B.wire = B.buffer.to(torch::kBFloat16).view(torch::kByte);
     B.gathered.clear();
     for (int64_t r = 0; r < comm_.world_size(); ++r) B.gathered.push_back(torch::empty_like(B.wire));
@@ -269,7 +269,7 @@ at::Tensor GradSync::finish() {
     B.work.wait();
     if (scaled_wire_) {
       B.buffer.copy_(B.wire.to(torch::kFloat)).mul_(world);
-    } else if (options_.hook == "bf16") {
+    } else if (options_.hook == CommHook::kBf16) {
       auto sum = B.gathered[0].view(torch::kBFloat16).to(torch::kFloat);
       for (size_t r = 1; r < B.gathered.size(); ++r) sum.add_(B.gathered[r].view(torch::kBFloat16).to(torch::kFloat));
       B.buffer.copy_(sum);

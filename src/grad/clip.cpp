@@ -18,10 +18,6 @@ void positive(double v, const char* key) {
 }  // namespace
 
 void ClipOptions::validate() const {
-  static const std::vector<std::string> kStrategies = {"none", "global", "history", "layerwise", "agc", "zscore"};
-  if (std::find(kStrategies.begin(), kStrategies.end(), strategy) == kStrategies.end())
-    throw bad_input("clip.strategy",
-                    "'" + strategy + "' is not valid (valid: none, global, history, layerwise, agc, zscore)");
   positive(max_norm, "clip.max_norm");
   if (history_window < 1) throw bad_input("clip.history_window", "must be >= 1, got " + std::to_string(history_window));
   positive(history_factor, "clip.history_factor");
@@ -47,7 +43,7 @@ Clipper::Clipper(const ClipOptions& options, std::vector<at::Tensor> params, con
 }
 
 DeviceClipHook Clipper::device_hook() const {
-  if (options_.strategy != "agc") return {};
+  if (options_.strategy != ClipStrategy::kAgc) return {};
   return [this](const std::vector<at::Tensor>&) {
     const double lambda = options_.agc_lambda, eps = options_.agc_eps;
     for (const auto& p : agc_params_) {
@@ -84,21 +80,23 @@ ClipResult Clipper::apply(const GradStats& stats) {
   ClipResult r;
   r.grad_norm = stats.global_norm;
   const double g = stats.global_norm;
-  const std::string& s = options_.strategy;
+  const ClipStrategy s = options_.strategy;
+  r.threshold_is_global = s == ClipStrategy::kGlobal || s == ClipStrategy::kHistory || s == ClipStrategy::kZscore;
+  r.update_bounded = s != ClipStrategy::kNone;
   if (stats.nonfinite) {
     if (options_.error_if_nonfinite)
       throw Error(ErrorKind::kHalted, "clip.error_if_nonfinite",
                   "the gradients hold inf or NaN (global norm " + std::to_string(g) + ")");
-    r.threshold = s == "none" ? std::numeric_limits<double>::infinity() : options_.max_norm;
+    r.threshold = s == ClipStrategy::kNone ? std::numeric_limits<double>::infinity() : options_.max_norm;
     return r;  // the step is skipped; nothing to scale, nothing learned
   }
-  if (s == "none") {
+  if (s == ClipStrategy::kNone) {
     r.threshold = std::numeric_limits<double>::infinity();
-  } else if (s == "global") {
+  } else if (s == ClipStrategy::kGlobal) {
     r.threshold = options_.max_norm;
     r.clip_coef = torch_clip_coef(g, options_.max_norm);
     scale_all(r.clip_coef);
-  } else if (s == "history") {
+  } else if (s == ClipStrategy::kHistory) {
     double mean = history_.empty() ? options_.max_norm
                                    : std::accumulate(history_.begin(), history_.end(), 0.0) / history_.size();
     r.threshold = std::min(options_.max_norm, options_.history_factor * mean);
@@ -106,7 +104,7 @@ ClipResult Clipper::apply(const GradStats& stats) {
     scale_all(r.clip_coef);
     history_.push_back(g * r.clip_coef);
     while (static_cast<int64_t>(history_.size()) > options_.history_window) history_.pop_front();
-  } else if (s == "layerwise") {
+  } else if (s == ClipStrategy::kLayerwise) {
     r.threshold = options_.max_norm;
     std::vector<double> coef(groups_.names.size());
     double after = 0;
@@ -121,7 +119,7 @@ ClipResult Clipper::apply(const GradStats& stats) {
       if (g.defined() && c < 1.0) g.mul_(torch::full({}, c, g.options()));
     }
     r.clip_coef = g > 0 ? std::sqrt(after) / g : 1.0;
-  } else if (s == "agc") {
+  } else if (s == ClipStrategy::kAgc) {
     r.threshold = options_.agc_lambda;
     r.clip_coef = g > 0 ? stats.norm_after_device_clip / g : 1.0;
   } else {  // zscore
@@ -153,16 +151,16 @@ ClipResult Clipper::apply(const GradStats& stats) {
 }
 
 nlohmann::json Clipper::state_dict() const {
-  return {{"strategy", options_.strategy}, {"history", std::vector<double>(history_.begin(), history_.end())},
+  return {{"strategy", name_of(options_.strategy)}, {"history", std::vector<double>(history_.begin(), history_.end())},
           {"z_count", z_count_},           {"z_seed", z_seed_},
           {"z_mean", z_mean_},             {"z_var", z_var_}};
 }
 
 void Clipper::load_state_dict(const nlohmann::json& j) {
   try {
-    if (j.at("strategy").get<std::string>() != options_.strategy)
+    if (j.at("strategy").get<std::string>() != name_of(options_.strategy))
       throw bad_input("clipper state", "was saved for strategy '" + j.at("strategy").get<std::string>() +
-                                           "' but clip.strategy is '" + options_.strategy + "'");
+                                           "' but clip.strategy is '" + name_of(options_.strategy) + "'");
     auto h = j.at("history").get<std::vector<double>>();
     history_.assign(h.begin(), h.end());
     z_count_ = j.at("z_count").get<int64_t>();

@@ -1,33 +1,38 @@
 // One foreach norm over the gradients, the global norm computed on the device in the
 // gradients' dtype (so it is bit-equal to torch's clip_grad_norm_), then a single
-// concatenated tensor of [tensor norms | global norm | (after-hook norm) | extras]
+// concatenated tensor of [tensor norms | global norm | (after-hook norm) | side values]
 // copied to the host. Tensors without a gradient contribute a norm of 0.
 #include "gradguard/grad/grad_stats.h"
 
-#include <atomic>
 #include <cmath>
 
 #include <torch/torch.h>
 
 #include "gradguard/core/compat.h"
+#include "gradguard/core/host_read.h"
 
 namespace gradguard::grad {
-namespace {
-std::atomic<int64_t> g_host_syncs{0};
-}  // namespace
 
 std::string layer_of(const std::string& name) {
-  const std::string layers = "model.layers.";
-  if (name.rfind(layers, 0) == 0) {
-    auto end = name.find('.', layers.size());
-    return "layers." + name.substr(layers.size(), end - layers.size());
+  // Components of the name; the group ends at the first numeric one, else before the
+  // parameter's own name.
+  std::vector<std::string> parts;
+  for (size_t start = 0;;) {
+    const size_t dot = name.find('.', start);
+    parts.push_back(name.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+    if (dot == std::string::npos) break;
+    start = dot + 1;
   }
-  for (const char* prefix : {"model.embed_tokens", "model.norm", "lm_head"})
-    if (name.rfind(prefix, 0) == 0) {
-      std::string p = prefix;
-      return p.rfind("model.", 0) == 0 ? p.substr(6) : p;
+  size_t end = parts.size() > 1 ? parts.size() - 1 : parts.size();
+  for (size_t i = 0; i < parts.size(); ++i)
+    if (!parts[i].empty() && parts[i].find_first_not_of("0123456789") == std::string::npos) {
+      end = i + 1;
+      break;
     }
-  return name;
+  size_t begin = parts.size() > 1 && parts[0] == "model" && end > 1 ? 1 : 0;
+  std::string out;
+  for (size_t i = begin; i < end; ++i) out += (i > begin ? "." : "") + parts[i];
+  return out;
 }
 
 LayerGroups group_by_layer(const std::vector<std::string>& param_names) {
@@ -50,10 +55,7 @@ GradStatsComputer::GradStatsComputer(std::vector<at::Tensor> params, const std::
   TORCH_INTERNAL_ASSERT(params_.size() == names.size());
 }
 
-int64_t GradStatsComputer::host_syncs() { return g_host_syncs.load(); }
-
-GradStats GradStatsComputer::compute(double inv_scale, const std::vector<at::Tensor>& extras,
-                                     const DeviceClipHook& hook) {
+GradStats GradStatsComputer::compute(double inv_scale, const at::Tensor& side, const DeviceClipHook& hook) {
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;  // [tensor with gradient]
   std::vector<size_t> index;      // [tensor with gradient] -> tensor
@@ -91,10 +93,10 @@ GradStats GradStatsComputer::compute(double inv_scale, const std::vector<at::Ten
       parts.push_back(torch::stack(at::_foreach_norm(grads, 2)).norm(2).to(torch::kFloat).reshape({1}));
     }
   }
-  for (const auto& e : extras) parts.push_back(e.detach().to(float_opts.device()).to(torch::kFloat).reshape({1}));
+  const int64_t n_side = side.defined() ? side.numel() : 0;
+  if (n_side > 0) parts.push_back(side.detach().to(float_opts.device()).to(torch::kFloat).reshape({-1}));
   if (parts.empty()) return s;
-  auto host = torch::cat(parts).to(torch::kCPU);  // the one device->host copy
-  ++g_host_syncs;
+  auto host = to_host(torch::cat(parts));  // the one device->host copy
   const float* h = host.data_ptr<float>();
   size_t k = 0;
   bool found_inf = false;
@@ -104,7 +106,7 @@ GradStats GradStatsComputer::compute(double inv_scale, const std::vector<at::Ten
     s.global_norm = h[k++];
     s.norm_after_device_clip = hook ? h[k++] : s.global_norm;
   }
-  for (size_t j = 0; j < extras.size(); ++j) s.extras.push_back(h[k++]);
+  for (int64_t j = 0; j < n_side; ++j) s.side.push_back(h[k++]);
   s.nonfinite = found_inf || !std::isfinite(s.global_norm);
   for (size_t i = 0; i < params_.size(); ++i) {
     const double n = s.tensor_norms[i];

@@ -31,17 +31,17 @@ std::string fmt(double v) { return format_number(v); }
 }  // namespace
 
 bool Verdict::critical() const {
-  return std::any_of(anomalies.begin(), anomalies.end(), [](const Anomaly& a) { return a.severity == "critical"; });
+  return std::any_of(anomalies.begin(), anomalies.end(), [](const Anomaly& a) { return a.severity == Severity::kCritical; });
 }
 
 const Anomaly* Verdict::primary() const {
   for (const auto& a : anomalies)
-    if (a.severity == "critical") return &a;
+    if (a.severity == Severity::kCritical) return &a;
   return anomalies.empty() ? nullptr : &anomalies.front();
 }
 
 nlohmann::ordered_json to_event(int64_t step, const Anomaly& a) {
-  nlohmann::ordered_json j = {{"step", step}, {"event", "anomaly"}, {"kind", a.kind}, {"severity", a.severity}};
+  nlohmann::ordered_json j = {{"step", step}, {"event", "anomaly"}, {"kind", name_of(a.kind)}, {"severity", name_of(a.severity)}};
   for (const auto& [name, value] : a.numbers) j[name] = json_number(value);
   j["layers"] = a.layers;
   j["message"] = a.message;
@@ -104,14 +104,14 @@ Verdict AnomalyDetector::observe(const StepObservation& obs) {
   std::vector<std::string> outlier_names;
   for (size_t k : outliers) outlier_names.push_back(layer_names_[k]);
 
-  auto critical = [&](std::string kind, std::string message, std::vector<std::pair<std::string, double>> numbers) {
-    v.anomalies.push_back({std::move(kind), "critical", std::move(message), std::move(numbers), outlier_names});
+  auto critical = [&](AnomalyKind kind, std::string message, std::vector<std::pair<std::string, double>> numbers) {
+    v.anomalies.push_back({kind, Severity::kCritical, std::move(message), std::move(numbers), outlier_names});
   };
 
   if (!loss_finite || (!grads_finite && !obs.scaler_dynamic)) {
     std::vector<std::string> where;
     for (size_t k : nonfinite_layers) where.push_back(layer_names_[k]);
-    critical("nonfinite",
+    critical(AnomalyKind::kNonfinite,
              std::string(loss_finite ? "" : "loss is " + fmt(obs.loss) + "; ") +
                  (grads_finite ? "gradients finite" : "gradients non-finite" +
                                                           (where.empty() ? "" : " in " + where.front() +
@@ -122,7 +122,7 @@ Verdict AnomalyDetector::observe(const StepObservation& obs) {
     if (!where.empty()) v.anomalies.back().layers = where;
   }
   if (obs.scaler_stuck)
-    critical("loss_scale_stuck", "gradients overflow even at the minimum loss scale", {});
+    critical(AnomalyKind::kLossScaleStuck, "gradients overflow even at the minimum loss scale", {});
 
   if (grads_finite && options_.grad_norm_factor > 0) {
     const bool clips = std::isfinite(obs.clip_threshold) && obs.clip_threshold > 0;
@@ -132,7 +132,7 @@ Verdict AnomalyDetector::observe(const StepObservation& obs) {
     if (std::isfinite(ref) && obs.grad_norm > options_.grad_norm_factor * ref) {
       ++explode_run_;
       const bool is_critical = !obs.update_bounded || explode_run_ >= options_.grad_norm_patience;
-      Anomaly a{"grad_norm", is_critical ? "critical" : "warning",
+      Anomaly a{AnomalyKind::kGradNorm, is_critical ? Severity::kCritical : Severity::kWarning,
                 "gradient norm " + fmt(obs.grad_norm) + " is " + fmt(obs.grad_norm / ref) + "x the " +
                     (clips ? "clip threshold " : "recent mean ") + fmt(ref) + " (limit " +
                     fmt(options_.grad_norm_factor) + "x" +
@@ -171,7 +171,7 @@ Verdict AnomalyDetector::observe(const StepObservation& obs) {
     const double expected = intercept + slope * n;
     const double z = (obs.loss - expected) / std::max(sd, kLossStdFloor * std::abs(sy / n));
     if (z > options_.loss_zscore)
-      critical("loss_spike",
+      critical(AnomalyKind::kLossSpike,
                "loss " + fmt(obs.loss) + " against an expected " + fmt(expected) + " from the last " +
                    std::to_string(losses_.size()) + " healthy steps (z-score " + fmt(z) + ", limit " +
                    fmt(options_.loss_zscore) + ")",
@@ -181,7 +181,7 @@ Verdict AnomalyDetector::observe(const StepObservation& obs) {
   if (obs.scaler_backed_off && applied_once_) backoffs_.push_back(step);
   while (!backoffs_.empty() && step - backoffs_.front() >= options_.backoff_window) backoffs_.pop_front();
   if (options_.backoff_limit > 0 && static_cast<int64_t>(backoffs_.size()) >= options_.backoff_limit) {
-    critical("backoff_storm",
+    critical(AnomalyKind::kBackoffStorm,
              std::to_string(backoffs_.size()) + " loss-scale backoffs within " +
                  std::to_string(options_.backoff_window) + " steps",
              {{"backoffs", static_cast<double>(backoffs_.size())}, {"window", double(options_.backoff_window)}});
@@ -190,7 +190,7 @@ Verdict AnomalyDetector::observe(const StepObservation& obs) {
 
   const bool will_skip = !grads_finite || !loss_finite;
   if (options_.skip_streak > 0 && applied_once_ && will_skip && skip_run_ + 1 >= options_.skip_streak) {
-    critical("skip_streak", std::to_string(skip_run_ + 1) + " steps in a row skipped",
+    critical(AnomalyKind::kSkipStreak, std::to_string(skip_run_ + 1) + " steps in a row skipped",
              {{"streak", static_cast<double>(skip_run_ + 1)}});
     skip_run_ = -1;  // record_outcome() of this step brings it to 0
   }
@@ -199,7 +199,7 @@ Verdict AnomalyDetector::observe(const StepObservation& obs) {
     std::vector<std::pair<std::string, double>> numbers;
     const size_t k = outliers.front();
     numbers = {{"layer_norm", obs.layer_norms[k]}, {"typical", layer_typical(k)}, {"zscore", layer_z[k]}};
-    v.anomalies.push_back({"layer_outlier", "warning",
+    v.anomalies.push_back({AnomalyKind::kLayerOutlier, Severity::kWarning,
                            layer_names_[k] + " gradient norm " + fmt(obs.layer_norms[k]) + " against a typical " +
                                fmt(layer_typical(k)) + " (log z-score " + fmt(layer_z[k]) + ")",
                            numbers, outlier_names});

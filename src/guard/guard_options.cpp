@@ -17,22 +17,16 @@ void non_negative_steps(const std::vector<int64_t>& steps, const std::string& ke
     if (s < 0) throw bad_input(key, "steps must be >= 0, got " + std::to_string(s));
 }
 
-const std::vector<std::string> kActions = {"skip", "cooldown", "reset_moments", "rollback", "halt"};
-
 }  // namespace
 
 void RecoveryOptions::validate() const {
   if (ladder.empty())
-    throw bad_input("guard.recovery.ladder", "must list at least one action (valid: skip, cooldown, reset_moments, "
-                                             "rollback, halt)");
+    throw bad_input("guard.recovery.ladder", "must list at least one action (valid: " +
+                                                 choice_list<RecoveryAction>() + ")");
   for (size_t i = 0; i < ladder.size(); ++i) {
-    if (std::find(kActions.begin(), kActions.end(), ladder[i]) == kActions.end())
-      throw bad_input("guard.recovery.ladder", "'" + ladder[i] +
-                                                   "' is not an action (valid: skip, cooldown, reset_moments, "
-                                                   "rollback, halt)");
     if (std::count(ladder.begin(), ladder.end(), ladder[i]) > 1)
-      throw bad_input("guard.recovery.ladder", "'" + ladder[i] + "' is listed twice");
-    if (ladder[i] == "halt" && i + 1 != ladder.size())
+      throw bad_input("guard.recovery.ladder", std::string("'") + name_of(ladder[i]) + "' is listed twice");
+    if (ladder[i] == RecoveryAction::kHalt && i + 1 != ladder.size())
       throw bad_input("guard.recovery.ladder", "'halt' must be the last rung");
   }
   at_least(skip_budget, 0, "guard.recovery.skip_budget");

@@ -9,46 +9,49 @@ namespace gradguard::guard {
 
 RecoveryLadder::RecoveryLadder(const RecoveryOptions& options) : options_(options) { options_.validate(); }
 
-int64_t RecoveryLadder::budget_left(const std::string& action) const {
-  if (action == "skip") return options_.skip_budget - skips_;
-  if (action == "cooldown") return options_.cooldown_budget - cooldowns_;
-  if (action == "reset_moments") return options_.reset_budget - resets_;
-  if (action == "rollback") return options_.rollback_budget - rollbacks_;
+int64_t RecoveryLadder::budget_left(RecoveryAction action) const {
+  switch (action) {
+    case RecoveryAction::kSkip: return options_.skip_budget - skips_;
+    case RecoveryAction::kCooldown: return options_.cooldown_budget - cooldowns_;
+    case RecoveryAction::kResetMoments: return options_.reset_budget - resets_;
+    case RecoveryAction::kRollback: return options_.rollback_budget - rollbacks_;
+    case RecoveryAction::kHalt: return -1;
+  }
   return -1;
 }
 
-RecoveryAction RecoveryLadder::decide(int64_t step, const std::string& kind, bool rollback_possible) {
+RecoveryDecision RecoveryLadder::decide(int64_t step, AnomalyKind kind, bool rollback_possible) {
   const auto& ladder = options_.ladder;
   const bool escalate = last_step_ >= 0 && step - last_step_ <= options_.calm_steps && kind == last_kind_;
   size_t rung = escalate ? static_cast<size_t>(last_rung_ + 1) : 0;
-  RecoveryAction out;
+  RecoveryDecision out;
   for (; rung < ladder.size(); ++rung) {
-    const std::string& a = ladder[rung];
-    if (a == "halt") break;
-    if (a == "rollback" && !rollback_possible) {
+    const RecoveryAction a = ladder[rung];
+    if (a == RecoveryAction::kHalt) break;
+    if (a == RecoveryAction::kRollback && !rollback_possible) {
       out.note += "rollback passed over: no checkpoint to roll back to (set checkpoint.every); ";
       continue;
     }
     if (budget_left(a) <= 0) {
-      out.note += a + " passed over: budget spent; ";
+      out.note += std::string(name_of(a)) + " passed over: budget spent; ";
       continue;
     }
     break;
   }
-  if (rung >= ladder.size() || ladder[rung] == "halt") {
-    out.action = "halt";
+  if (rung >= ladder.size() || ladder[rung] == RecoveryAction::kHalt) {
+    out.action = RecoveryAction::kHalt;
     out.rung = static_cast<int64_t>(std::min(rung, ladder.size() - 1));
     out.budget_left = -1;
     if (rung >= ladder.size()) out.note += "every rung of guard.recovery.ladder is spent; ";
   } else {
     out.action = ladder[rung];
     out.rung = static_cast<int64_t>(rung);
-    if (out.action == "skip") ++skips_;
-    if (out.action == "cooldown") ++cooldowns_;
-    if (out.action == "reset_moments") ++resets_;
-    if (out.action == "rollback") ++rollbacks_;
+    if (out.action == RecoveryAction::kSkip) ++skips_;
+    if (out.action == RecoveryAction::kCooldown) ++cooldowns_;
+    if (out.action == RecoveryAction::kResetMoments) ++resets_;
+    if (out.action == RecoveryAction::kRollback) ++rollbacks_;
     out.budget_left = budget_left(out.action);
-    if (out.action == "cooldown" || out.action == "reset_moments") {
+    if (out.action == RecoveryAction::kCooldown || out.action == RecoveryAction::kResetMoments) {
       cooldown_from_ = step;
       cooldown_until_ = step + 1 + options_.cooldown_steps;
     }
@@ -66,7 +69,8 @@ double RecoveryLadder::lr_factor(int64_t step) const {
 
 nlohmann::json RecoveryLadder::state_dict() const {
   return {{"skips", skips_},         {"cooldowns", cooldowns_},           {"resets", resets_},
-          {"rollbacks", rollbacks_}, {"last_step", last_step_},           {"last_rung", last_rung_}, {"last_kind", last_kind_},
+          {"rollbacks", rollbacks_}, {"last_step", last_step_},           {"last_rung", last_rung_},
+          {"last_kind", last_step_ >= 0 ? name_of(last_kind_) : ""},
           {"cooldown_from", cooldown_from_}, {"cooldown_until", cooldown_until_}};
 }
 
@@ -78,7 +82,8 @@ void RecoveryLadder::load_state_dict(const nlohmann::json& s) {
     rollbacks_ = s.at("rollbacks").get<int64_t>();
     last_step_ = s.at("last_step").get<int64_t>();
     last_rung_ = s.at("last_rung").get<int64_t>();
-    last_kind_ = s.at("last_kind").get<std::string>();
+    const auto kind = s.at("last_kind").get<std::string>();
+    if (last_step_ >= 0) last_kind_ = parse_choice<AnomalyKind>(kind, "trainer_state.json: guard.recovery.last_kind");
     cooldown_from_ = s.at("cooldown_from").get<int64_t>();
     cooldown_until_ = s.at("cooldown_until").get<int64_t>();
   } catch (const nlohmann::json::exception& e) {

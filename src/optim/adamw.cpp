@@ -47,19 +47,11 @@ void fused_update(Bucket& b, int64_t step, const torch::optim::AdamWOptions& o) 
 
 }  // namespace
 
-void check_adamw_implementation(const std::string& implementation) {
-  if (implementation != "auto" && implementation != "fused" && implementation != "foreach" &&
-      implementation != "loop")
-    throw bad_input("optim.implementation",
-                    "'" + implementation + "' is not valid (valid: auto, fused, foreach, loop)");
-}
-
-AdamWKernel resolve_adamw_kernel(const std::string& implementation, const c10::Device& device) {
-  check_adamw_implementation(implementation);
-  if (implementation == "foreach") return AdamWKernel::foreach;
-  if (implementation == "loop") return AdamWKernel::loop;
+AdamWKernel resolve_adamw_kernel(AdamWImplementation implementation, const c10::Device& device) {
+  if (implementation == AdamWImplementation::kForeach) return AdamWKernel::foreach;
+  if (implementation == AdamWImplementation::kLoop) return AdamWKernel::loop;
   const bool fused = compat::fused_adamw_available(device.type());
-  if (implementation == "auto") return fused ? AdamWKernel::fused : AdamWKernel::foreach;
+  if (implementation == AdamWImplementation::kAuto) return fused ? AdamWKernel::fused : AdamWKernel::foreach;
   if (!fused)  // "fused" asked for
     throw bad_input("optim.implementation", "'fused' AdamW is not available for " + device.str() + " in LibTorch " +
                                                 std::to_string(TORCH_VERSION_MAJOR) + "." +

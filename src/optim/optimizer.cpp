@@ -17,8 +17,6 @@
 namespace gradguard::optim {
 
 void OptimOptions::validate() const {
-  if (name != "adamw" && name != "lamb" && name != "lars")
-    throw bad_input("optim.name", "'" + name + "' is not valid (valid: adamw, lamb, lars)");
   if (!(lr > 0) || !std::isfinite(lr))
     throw bad_input("optim.lr", "must be a finite number > 0, got " + std::to_string(lr));
   for (int i = 0; i < 2; ++i)
@@ -31,7 +29,7 @@ void OptimOptions::validate() const {
     throw bad_input("optim.max_trust_ratio", "must be > 0, got " + std::to_string(max_trust_ratio));
   if (!(momentum >= 0 && momentum < 1))
     throw bad_input("optim.momentum", "must be in [0, 1), got " + std::to_string(momentum));
-  check_adamw_implementation(implementation);
+  if (base_batch < 0) throw bad_input("optim.base_batch", "must be >= 0, got " + std::to_string(base_batch));
   if (!(trust_coefficient > 0) || !std::isfinite(trust_coefficient))
     throw bad_input("optim.trust_coefficient", "must be a finite number > 0, got " + std::to_string(trust_coefficient));
 }
@@ -47,13 +45,13 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const NamedParameters& p
     groups.emplace_back(decay, std::make_unique<Options>(with(Options(base), options.weight_decay, true)));
     groups.emplace_back(no_decay, std::make_unique<Options>(with(Options(base), 0.0, false)));
   };
-  if (options.name == "adamw") {
+  if (options.name == OptimizerKind::kAdamW) {
     auto base = torch::optim::AdamWOptions(options.lr).betas({options.betas[0], options.betas[1]}).eps(options.eps);
     add_groups(base, [](torch::optim::AdamWOptions o, double wd, bool) { return o.weight_decay(wd); });
     const auto device = params.empty() ? c10::Device(c10::kCPU) : params.front().second.device();
     return std::make_unique<GroupAdamW>(std::move(groups), base, resolve_adamw_kernel(options.implementation, device));
   }
-  if (options.name == "lamb") {
+  if (options.name == OptimizerKind::kLamb) {
     auto base = LambOptions(options.lr)
                     .betas({options.betas[0], options.betas[1]})
                     .eps(options.eps)

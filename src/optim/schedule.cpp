@@ -16,20 +16,16 @@ void ScheduleOptions::validate() const {
     throw bad_input("schedule.warmup_steps", "must be in [0, schedule.total_steps = " +
                                                  std::to_string(total_steps) + "], got " +
                                                  std::to_string(warmup_steps));
-  if (decay != "cosine" && decay != "linear" && decay != "constant" && decay != "wsd")
-    throw bad_input("schedule.decay", "'" + decay + "' is not valid (valid: cosine, linear, constant, wsd)");
   if (!(wsd_decay_fraction > 0 && wsd_decay_fraction <= 1))
     throw bad_input("schedule.wsd_decay_fraction", "must be in (0, 1], got " + std::to_string(wsd_decay_fraction));
   if (!(min_lr >= 0) || !std::isfinite(min_lr))
     throw bad_input("schedule.min_lr", "must be a finite number >= 0");
 }
 
-double scaled_lr(double lr, const std::string& rule, int64_t base_batch, int64_t global_batch) {
-  if (rule != "none" && rule != "linear" && rule != "sqrt")
-    throw bad_input("optim.lr_scaling", "'" + rule + "' is not valid (valid: none, linear, sqrt)");
-  if (rule == "none" || base_batch <= 0) return lr;
+double scaled_lr(double lr, LrScaling rule, int64_t base_batch, int64_t global_batch) {
+  if (rule == LrScaling::kNone || base_batch <= 0) return lr;
   const double ratio = static_cast<double>(global_batch) / static_cast<double>(base_batch);
-  return rule == "linear" ? lr * ratio : lr * std::sqrt(ratio);
+  return rule == LrScaling::kLinear ? lr * ratio : lr * std::sqrt(ratio);
 }
 
 LrSchedule::LrSchedule(double peak_lr, const ScheduleOptions& options)
@@ -41,13 +37,13 @@ double LrSchedule::lr_at(int64_t step) const {
   const int64_t W = options_.warmup_steps, N = options_.total_steps;
   const double lo = options_.min_lr;
   if (step < W) return peak_ * static_cast<double>(step + 1) / static_cast<double>(W);
-  if (options_.decay == "constant") return peak_;
+  if (options_.decay == Decay::kConstant) return peak_;
   if (step >= N) return lo;
   const double p = static_cast<double>(step - W) / static_cast<double>(N - W);
   double lr;
-  if (options_.decay == "cosine") {
+  if (options_.decay == Decay::kCosine) {
     lr = lo + (peak_ - lo) * 0.5 * (1.0 + std::cos(M_PI * p));
-  } else if (options_.decay == "linear") {
+  } else if (options_.decay == Decay::kLinear) {
     lr = peak_ - (peak_ - lo) * p;
   } else {  // wsd: stable, then linear over the last fraction
     const double f = options_.wsd_decay_fraction;

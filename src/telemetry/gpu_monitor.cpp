@@ -357,25 +357,21 @@ class RocmSmiMonitor final : public GpuMonitor {
 
 GpuMonitor::~GpuMonitor() = default;
 
-std::unique_ptr<GpuMonitor> open_gpu_monitor(const std::string& backend, std::string* note) {
+std::unique_ptr<GpuMonitor> open_gpu_monitor(TelemetryBackend backend, std::string* note) {
   std::string ignored;
   std::string& out = note != nullptr ? *note : ignored;
   out.clear();
-  if (backend == "none") {
+  if (backend == TelemetryBackend::kNone) {
     out = "GPU telemetry off (telemetry.backend = none)";
     return nullptr;
   }
-  if (backend != "auto" && backend != "nvml" && backend != "rocm_smi") {
-    throw bad_input("telemetry.backend",
-                    "must be one of auto, nvml, rocm_smi, none; got \"" + backend + "\"");
-  }
   std::string reasons;
-  if (backend == "auto" || backend == "nvml") {
+  if (backend == TelemetryBackend::kAuto || backend == TelemetryBackend::kNvml) {
     std::string why;
     if (auto monitor = NvmlMonitor::open(&why)) return monitor;
     reasons = why;
   }
-  if (backend == "auto" || backend == "rocm_smi") {
+  if (backend == TelemetryBackend::kAuto || backend == TelemetryBackend::kRocmSmi) {
     std::string why;
     if (auto monitor = RocmSmiMonitor::open(&why)) return monitor;
     reasons += (reasons.empty() ? "" : "; ") + why;

@@ -69,10 +69,6 @@ void TelemetryOptions::validate() const {
     throw bad_input("telemetry.window",
                     "must be >= 1 (samples kept in memory), got " + std::to_string(window));
   }
-  if (backend != "auto" && backend != "nvml" && backend != "rocm_smi" && backend != "none") {
-    throw bad_input("telemetry.backend",
-                    "must be one of auto, nvml, rocm_smi, none; got \"" + backend + "\"");
-  }
 }
 
 nlohmann::ordered_json to_json(const Sample& sample) {

@@ -13,7 +13,7 @@
 
 #include "gradguard/core/error.h"
 #include "gradguard/core/json_number.h"
-#include "gradguard/report/tensorboard.h"
+#include "gradguard/telemetry/tensorboard.h"
 
 namespace gradguard::train {
 
@@ -23,7 +23,7 @@ MetricsWriter::MetricsWriter(const std::string& path, size_t keep_recent, bool t
   const auto dir = std::filesystem::path(path).parent_path();
   std::filesystem::create_directories(dir);
   // The event writer first: if it throws, no FILE* is open yet to leak.
-  if (tensorboard) events_ = std::make_unique<report::EventWriter>(dir.empty() ? "." : dir.string());
+  if (tensorboard) events_ = std::make_unique<telemetry::EventWriter>(dir.empty() ? "." : dir.string());
   file_ = std::fopen(path.c_str(), "a");
   if (file_ == nullptr) throw runtime_error(path, std::string("cannot open for appending: ") + std::strerror(errno));
 }
@@ -74,6 +74,49 @@ void MetricsWriter::write_step(const StepMetrics& m) {
     j["layer_grad_norms"] = layers;
   }
   write(j);
+}
+
+StepMetrics step_metrics(const guard::StepOutcome& o, const std::vector<std::string>& layer_names) {
+  StepMetrics m;
+  m.step = o.step;
+  m.loss = o.loss;
+  m.lr = o.lr;
+  m.grad_norm = o.clip.grad_norm;
+  m.clip_coef = o.clip.clip_coef;
+  m.clip_threshold = o.clip.threshold;
+  m.loss_scale = o.loss_scale;
+  m.skipped = !o.applied;
+  m.noise_scale = o.noise_scale;
+  for (size_t k = 0; k < o.stats.layer_norms.size() && k < layer_names.size(); ++k)
+    m.layer_grad_norms.emplace_back(layer_names[k], o.stats.layer_norms[k]);
+  return m;
+}
+
+int64_t MetricsWriter::write_events(const guard::StepOutcome& o, int64_t global_batch) {
+  const int64_t step = o.step;
+  if (o.noise_warning)
+    write(nlohmann::ordered_json{{"step", step}, {"event", "warning"}, {"kind", "noise_scale"},
+                                 {"noise_scale", o.noise_scale}, {"global_batch", global_batch}});
+  if (o.scaler.skipped)
+    write(nlohmann::ordered_json{{"step", step}, {"event", "skip"}, {"reason", "nonfinite_gradients"},
+                                 {"loss_scale", o.loss_scale}, {"next_loss_scale", o.scaler.next_scale}});
+  for (const auto& a : o.verdict.anomalies) write(guard::to_event(step, a));
+  if (o.recovery) {
+    const auto& r = *o.recovery;
+    const auto* primary = o.verdict.primary();
+    nlohmann::ordered_json event = {{"step", step},
+                                    {"event", "recovery"},
+                                    {"action", name_of(r.action)},
+                                    {"rung", r.rung},
+                                    {"budget_left", r.budget_left},
+                                    {"anomaly", primary ? name_of(primary->kind) : ""}};
+    event["snapshot"] = o.snapshot.dir.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(o.snapshot.dir);
+    if (o.snapshot.dir.empty() && !o.snapshot.skipped.empty()) event["snapshot_skipped"] = o.snapshot.skipped;
+    if (!r.note.empty()) event["note"] = r.note;
+    if (r.action == guard::RecoveryAction::kResetMoments) event["tensors_reset"] = o.tensors_reset;
+    write(event);
+  }
+  return static_cast<int64_t>(o.verdict.anomalies.size());
 }
 
 void MetricsWriter::write_telemetry(int64_t step, const telemetry::Sample& sample, int64_t rank) {

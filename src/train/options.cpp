@@ -23,7 +23,6 @@ void RunOptions::validate() const {
     throw bad_input("run.device", "'" + device + "' is not valid (valid: cpu, auto, cuda, cuda:N)");
   if (threads < 0 || threads > 1024)
     throw bad_input("run.threads", "must be in [0, 1024] (0 = all cores), got " + std::to_string(threads));
-  check_thread_pool(thread_pool);
 }
 
 void BatchOptions::validate() const {
@@ -44,9 +43,6 @@ void CheckpointOptions::validate() const {
 
 void LogOptions::validate() const {
   at_least(every, 1, "log.every");
-  if (progress != "auto" && progress != "bar" && progress != "lines" && progress != "jsonl" && progress != "quiet" &&
-      progress != "none")
-    throw bad_input("log.progress", "'" + progress + "' is not valid (valid: auto, bar, lines, jsonl, quiet)");
 }
 
 }  // namespace gradguard::train

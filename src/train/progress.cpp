@@ -27,11 +27,11 @@ std::string format_duration(double seconds) {
   return buf;
 }
 
-Progress::Progress(const std::string& mode, int64_t total_steps, int64_t every, std::FILE* out)
+Progress::Progress(ProgressMode mode, int64_t total_steps, int64_t every, std::FILE* out)
     : total_(total_steps), every_(every), out_(out) {
-  quiet_ = mode == "none" || mode == "quiet";
-  json_ = mode == "jsonl";
-  bar_ = mode == "bar" || (mode == "auto" && isatty(fileno(out)));
+  quiet_ = mode == ProgressMode::kQuiet;
+  json_ = mode == ProgressMode::kJsonl;
+  bar_ = mode == ProgressMode::kBar || (mode == ProgressMode::kAuto && isatty(fileno(out)));
 }
 
 double Progress::eta_seconds(const StepMetrics& m) {

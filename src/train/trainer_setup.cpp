@@ -1,10 +1,10 @@
 // Setting a run up: the model, data, optimizer and guard from a validated Config, the
-// run directory (fresh, or an existing one to resume), and the pieces of trainer state
-// that checkpoints carry (trainer_state.json) and restore. The step loop is in
-// trainer.cpp.
+// run directory (fresh, or an existing one to resume), the pieces of trainer state that
+// checkpoints carry (trainer_state.json) and restore, rollback, and the result a resumed
+// run starts from. The step loop is in trainer.cpp.
 #include <ctime>
 #include <filesystem>
-#include <random>
+#include <limits>
 #include <sstream>
 #include <thread>
 
@@ -64,6 +64,46 @@ void truncate_metrics(const std::string& path, int64_t step) {
   fs::write_file_atomic(path, kept);
 }
 
+// What a run's metrics.jsonl says about it, for the summary of a resumed run.
+struct History {
+  double first_loss = std::numeric_limits<double>::quiet_NaN(), final_loss = first_loss;
+  double initial_val_loss = first_loss, final_val_loss = first_loss;
+  int64_t skipped_steps = 0, anomalies = 0, recovery_actions = 0, rollbacks = 0, snapshots = 0;
+};
+
+History read_history(const std::string& path) {
+  History h;
+  if (!fs::exists(path)) return h;
+  std::istringstream in(fs::read_file(path));
+  int64_t first_step = -1, last_step = -1, first_val = -1, last_val = -1;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
+    const int64_t step = j["step"].get<int64_t>();
+    auto number = [&](const char* key) {
+      const auto it = j.find(key);
+      return it != j.end() && it->is_number() ? it->get<double>() : std::numeric_limits<double>::quiet_NaN();
+    };
+    const std::string event = j.contains("event") && j["event"].is_string() ? j["event"].get<std::string>() : "";
+    if (j.contains("val_loss")) {
+      if (first_val < 0 || step < first_val) first_val = step, h.initial_val_loss = number("val_loss");
+      if (step >= last_val) last_val = step, h.final_val_loss = number("val_loss");
+    } else if (event.empty() && j.contains("loss")) {
+      if (first_step < 0 || step < first_step) first_step = step, h.first_loss = number("loss");
+      if (step >= last_step) last_step = step, h.final_loss = number("loss");
+      if (j.contains("skipped") && j["skipped"].is_boolean() && j["skipped"].get<bool>()) ++h.skipped_steps;
+    } else if (event == "anomaly") {
+      ++h.anomalies;
+    } else if (event == "recovery") {
+      ++h.recovery_actions;
+      if (j.contains("snapshot") && j["snapshot"].is_string()) ++h.snapshots;
+    } else if (event == "rollback") {
+      ++h.rollbacks;
+    }
+  }
+  return h;
+}
+
 std::string to_hex(const torch::Tensor& bytes) {
   static const char* digits = "0123456789abcdef";
   auto b = bytes.contiguous();
@@ -113,7 +153,7 @@ Trainer::Trainer(config::Config config, std::FILE* out, const std::string& resum
   try {
     s_->build();
     if (!resume_run_dir.empty()) {
-      s_->run_dir = resume_run_dir;
+      s_->run = RunDir(resume_run_dir);
       if (s_->main_rank()) {
         std::vector<std::string> rejected;
         resume_dir = checkpoint::find_resumable(resume_run_dir, &rejected);
@@ -127,21 +167,30 @@ Trainer::Trainer(config::Config config, std::FILE* out, const std::string& resum
   }
   s_->agree("setup", failure);
   if (s_->comm) {
-    s_->run_dir = s_->comm->broadcast_string(s_->run_dir, "run directory broadcast");
+    s_->run = RunDir(s_->comm->broadcast_string(s_->run.root(), "run directory broadcast"));
     resume_dir = s_->comm->broadcast_string(resume_dir, "checkpoint choice broadcast");
+  }
+  if (s_->main_rank()) {
+    State* st = s_.get();
+    s_->snapshots = std::make_unique<forensics::SnapshotWriter>(
+        s_->run.root(), c.guard.snapshot,
+        [st](const guard::StepOutcome& out) { return st->snapshot_evidence(out); },
+        [st](const std::string& dir) { checkpoint::save_hf_model(dir, *st->model); });
   }
 
   if (!resume_run_dir.empty()) {
     try {
-      s_->start_step = s_->restore(resume_dir, /*with_guard=*/true);
+      s_->start_step = s_->restore(resume_dir, guard::RestoreScope::kResume);
       if (s_->start_step > c.schedule.total_steps)
         throw bad_input("schedule.total_steps", "the checkpoint is at step " + std::to_string(s_->start_step) +
                                                     ", past schedule.total_steps = " +
                                                     std::to_string(c.schedule.total_steps));
+      s_->complete = s_->start_step == c.schedule.total_steps;
       s_->resume_notes.push_back("resumed from " + resume_dir + " (step " + std::to_string(s_->start_step) + ")");
-      if (s_->main_rank()) {
-        truncate_metrics(s_->run_dir + "/metrics.jsonl", s_->start_step);
-        fs::write_file_atomic(s_->run_dir + "/config.yaml", config::to_yaml(c));
+      // A complete run is left exactly as it is.
+      if (s_->main_rank() && !s_->complete) {
+        truncate_metrics(s_->run.metrics(), s_->start_step);
+        fs::write_file_atomic(s_->run.config(), config::to_yaml(c));
       }
     } catch (...) {
       failure = std::current_exception();
@@ -156,9 +205,9 @@ Trainer::Trainer(config::Config config, std::FILE* out, const std::string& resum
     else
       dist::verify_parameters(*s_->comm, s_->params, s_->names, s_->start_step);
     s_->sync = std::make_unique<dist::GradSync>(s_->params, *s_->comm, c.dist, s_->side_slots());
-    s_->resume_notes.push_back("data parallel: " + s_->env.describe() + ", backend " + s_->comm->backend() +
+    s_->resume_notes.push_back("data parallel: " + s_->env.describe() + ", backend " + name_of(s_->comm->backend()) +
                                ", " + std::to_string(s_->sync->num_buckets()) + " gradient buckets, hook " +
-                               c.dist.hook);
+                               name_of(c.dist.hook));
   }
 }
 
@@ -190,16 +239,32 @@ void Trainer::State::build() {
   optim::OptimOptions optim_options = c.optim;
   optim_options.lr = peak_lr;
   optimizer = optim::make_optimizer(named, optim_options);
-  scaler = std::make_unique<amp::LossScaler>(c.amp.scaler, amp::resolve_scaler_mode(c.amp.scaler, c.amp.dtype));
-  stats = std::make_unique<grad::GradStatsComputer>(params, names);
-  clipper = std::make_unique<grad::Clipper>(c.clip, params, names);
-
-  const auto& layer_names = stats->groups().names;
-  const int64_t warmup = c.guard.warmup >= 0 ? c.guard.warmup : c.schedule.warmup_steps;
-  detector = std::make_unique<guard::AnomalyDetector>(c.guard, layer_names, warmup);
-  ladder = std::make_unique<guard::RecoveryLadder>(c.guard.recovery);
-  snapshots = std::make_unique<guard::SnapshotBudget>(c.guard.snapshot);
-  noise = std::make_unique<guard::NoiseScaleEstimator>(c.guard.noise_scale.ema);
+  guard::GuardedStepOptions g;
+  g.clip = c.clip;
+  g.scaler = c.amp.scaler;
+  g.amp_dtype = c.amp.dtype;
+  g.guard = c.guard;
+  g.warmup_steps = c.schedule.warmup_steps;
+  g.peak_lr = peak_lr;
+  g.adam_betas = c.optim.betas;
+  g.adam_eps = c.optim.eps;
+  auto hooks = guard::optimizer_hooks(*optimizer, params);
+  // A rollback needs a checkpoint; rank 0 holds them, so its answer decides for all.
+  hooks.rollback_available = [this] {
+    bool has = main_rank() && fs::exists(run.latest_checkpoint_link());
+    if (comm) has = comm->broadcast_string(has ? "1" : "0", "checkpoint check") == "1";
+    return has;
+  };
+  if (main_rank()) {
+    hooks.snapshot = [this](const guard::GuardedStep& step, const guard::StepOutcome& out, bool force) {
+      return (*snapshots)(step, out, force);
+    };
+  } else {
+    hooks.snapshot = [](const guard::GuardedStep&, const guard::StepOutcome&, bool) {
+      return guard::SnapshotResult{"", "written by rank 0"};
+    };
+  }
+  guarded = std::make_unique<guard::GuardedStep>(g, params, names, std::move(hooks));
   if (c.telemetry.enabled) sampler = std::make_unique<telemetry::Sampler>(c.telemetry);
   prefetcher = std::make_unique<data::BatchPrefetcher>(
       [this](const data::BatchPrefetcher::Key& k) { return micro_batches(k[0], k[1], k[2] != 0, env.rank); },
@@ -209,22 +274,73 @@ void Trainer::State::build() {
 void Trainer::State::create_run_dir() {
   auto& c = cfg;
   if (c.run.name.empty()) c.run.name = default_run_name(c);
-  run_dir = (stdfs::path(c.run.dir) / c.run.name).string();
-  const bool has_run = fs::exists(run_dir + "/metrics.jsonl") || fs::exists(run_dir + "/config.yaml");
+  run = RunDir((stdfs::path(c.run.dir) / c.run.name).string());
+  const bool has_run = run.holds_run();
   if (has_run && !c.run.overwrite)
-    throw bad_input("run.name", "run directory '" + run_dir +
+    throw bad_input("run.name", "run directory '" + run.root() +
                                     "' already holds a run; choose another run.name or set run.overwrite=true");
-  if (has_run) {  // everything a run writes, so no output of the old run mixes with the new
-    stdfs::remove(run_dir + "/metrics.jsonl");
-    stdfs::remove_all(run_dir + "/checkpoints");
-    stdfs::remove_all(run_dir + "/snapshots");
-    for (const char* f : {"report.html", "steps.csv", "telemetry.csv"}) stdfs::remove(run_dir + "/" + f);
-    std::error_code ec;
-    for (const auto& e : stdfs::directory_iterator(run_dir, ec))
-      if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) stdfs::remove(e.path(), ec);
+  if (has_run) run.clear_outputs();  // no output of the old run mixes with the new
+  stdfs::create_directories(run.root());
+  fs::write_file_atomic(run.config(), config::to_yaml(c));
+}
+
+optim::LrSchedule Trainer::State::schedule() const {
+  // min_lr scales with lr so the floor keeps its ratio to the peak.
+  optim::ScheduleOptions o = cfg.schedule;
+  o.min_lr *= peak_lr / cfg.optim.lr;
+  return optim::LrSchedule(peak_lr, o);
+}
+
+std::string Trainer::State::save(int64_t steps_done) {
+  if (!main_rank()) return "";
+  return checkpoint::save_checkpoint(run.checkpoints(), steps_done, *model, *optimizer, trainer_state(steps_done),
+                                     config::to_yaml(cfg), cfg.checkpoint.keep_last);
+}
+
+int64_t Trainer::State::rollback(int64_t step, std::string* checkpoint_dir) {
+  std::vector<std::string> rejected;
+  // Rank 0 picks the checkpoint; every rank loads it (the run directory must be visible
+  // to all ranks, as on a shared filesystem) and the replicas are verified equal.
+  if (main_rank()) *checkpoint_dir = checkpoint::find_resumable(run.root(), &rejected);
+  if (comm) *checkpoint_dir = comm->broadcast_string(*checkpoint_dir, "rollback checkpoint choice");
+  const int64_t to = restore(*checkpoint_dir, guard::RestoreScope::kRollback);
+  if (comm) dist::verify_parameters(*comm, params, names, to);
+  TORCH_INTERNAL_ASSERT(to <= step + 1);
+  // The window that led to the anomaly is steps [to, step]; skip its data (and any extra
+  // steps asked for) so the continuation reads fresh batches.
+  data_offset += step + 1 - to + cfg.guard.recovery.rollback_skip_steps;
+  return to;
+}
+
+TrainResult Trainer::State::result_so_far() {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  TrainResult r;
+  r.run_dir = run.root();
+  r.rank = env.rank;
+  r.world_size = env.world_size;
+  r.parameters = model::count_parameters(*model);
+  r.initial_val_loss = r.final_val_loss = nan;
+  r.steps = start_step;
+  r.complete = complete;
+  if (start_step == 0) return r;
+  r.resumed_from = start_step;
+  r.first_loss = r.final_loss = nan;
+  if (!main_rank()) return r;
+  // The run's own history: its first numbers, and all of them when it is complete.
+  const auto history = read_history(run.metrics());
+  r.first_loss = history.first_loss;
+  r.initial_val_loss = history.initial_val_loss;
+  if (complete) {
+    r.final_loss = history.final_loss;
+    r.final_val_loss = history.final_val_loss;
+    r.skipped_steps = history.skipped_steps;
+    r.anomalies = history.anomalies;
+    r.recovery_actions = history.recovery_actions;
+    r.rollbacks = history.rollbacks;
+    r.snapshots = history.snapshots;
+    r.checkpoint_dir = run.checkpoint(start_step);
   }
-  stdfs::create_directories(run_dir);
-  fs::write_file_atomic(run_dir + "/config.yaml", config::to_yaml(c));
+  return r;
 }
 
 void Trainer::State::agree(const std::string& phase, const std::exception_ptr& error) {
@@ -248,91 +364,41 @@ void Trainer::State::agree(const std::string& phase, const std::exception_ptr& e
 }
 
 nlohmann::ordered_json Trainer::State::trainer_state(int64_t steps_done) const {
+  const auto g = guarded->state_dict();
+  nlohmann::ordered_json guard_state = g.at("guard");
+  guard_state["snapshots"] = snapshots ? snapshots->budget().state_dict() : nlohmann::json(nullptr);
   return {{"step", steps_done},
-          {"scaler", scaler->state_dict()},
-          {"clipper", clipper->state_dict()},
+          {"scaler", g.at("scaler")},
+          {"clipper", g.at("clipper")},
           {"rng", to_hex(at::detail::getDefaultCPUGenerator().get_state())},
           {"data_offset", data_offset},
-          {"last_scale_growth", last_scale_growth},
-          {"guard",
-           {{"detector", detector->state_dict()},
-            {"recovery", ladder->state_dict()},
-            {"snapshots", snapshots->state_dict()},
-            {"noise_scale", noise->state_dict()}}}};
+          {"last_scale_growth", g.at("last_scale_growth")},
+          {"guard", guard_state}};
 }
 
-int64_t Trainer::State::restore(const std::string& dir, bool with_guard) {
+int64_t Trainer::State::restore(const std::string& dir, guard::RestoreScope scope) {
   auto loaded = checkpoint::load_checkpoint(dir, *model, *optimizer);
   const auto& st = loaded.trainer_state;
+  const std::string where = dir + "/trainer_state.json";
   try {
-    scaler->load_state_dict(st.at("scaler"));
-    clipper->load_state_dict(st.at("clipper"));
+    guarded->load_state_dict(st, scope, where);
     at::Generator gen = at::detail::getDefaultCPUGenerator();
-    gen.set_state(from_hex(st.at("rng").get<std::string>(), dir));
-    // Checkpoints written before the guard existed have none of these: start fresh.
-    // The detector's windows describe the weights, so they go back with them on a
-    // rollback too; budgets, snapshots and the data offset only come back on a resume.
-    if (st.contains("guard")) detector->load_state_dict(st.at("guard").at("detector"));
-    if (with_guard) {
+    gen.set_state(from_hex(st.at("rng").get<std::string>(), where));
+    if (scope == guard::RestoreScope::kResume) {
       data_offset = st.value("data_offset", int64_t{0});
-      last_scale_growth = st.value("last_scale_growth", int64_t{-1});
-      if (st.contains("guard")) {
-        const auto& g = st.at("guard");
-        ladder->load_state_dict(g.at("recovery"));
-        snapshots->load_state_dict(g.at("snapshots"));
-        noise->load_state_dict(g.at("noise_scale"));
-      }
+      if (snapshots && st.contains("guard") && st.at("guard").contains("snapshots") &&
+          !st.at("guard").at("snapshots").is_null())
+        snapshots->budget().load_state_dict(st.at("guard").at("snapshots"));
     }
   } catch (const nlohmann::json::exception& e) {
-    throw bad_input(dir + "/trainer_state.json", std::string("malformed: ") + e.what());
+    throw bad_input(where, std::string("malformed: ") + e.what());
   }
   return loaded.step;
 }
 
-data::StepBatches Trainer::State::micro_batches(int64_t step, int64_t data_offset, bool inject_spike,
-                                                int64_t rank) const {
-  const auto& b = cfg.batch;
-  const int64_t T = cfg.data.seq_len;
-  const int64_t world = env.world_size;
-  // Sample k = (((step + data_offset) * accum + m) * world + rank) * micro + row.
-  auto out = data::step_batches(*train, {b.micro_batch, b.accum_steps, world}, step + data_offset, rank);
-  if (!inject_spike) return out;
-  const int64_t spike_rank = cfg.guard.inject.rank;
-  // A corrupted batch: uniform random tokens, reproducible from (seed, step, rank); each
-  // affected rank draws its micro-batches m = 0, 1, ... in order from its own generator.
-  const int64_t ranks = rank >= 0 ? 1 : world;
-  for (int64_t i = 0; i < ranks; ++i) {
-    const int64_t r = rank >= 0 ? rank : i;
-    if (spike_rank != -1 && spike_rank != r) continue;
-    std::mt19937_64 rng(cfg.run.seed * 1000003ULL + static_cast<uint64_t>(step) +
-                        static_cast<uint64_t>(r) * 0x9E3779B97F4A7C15ULL);
-    std::uniform_int_distribution<int64_t> token(0, cfg.model.vocab_size - 1);
-    for (int64_t m = 0; m < b.accum_steps; ++m) {
-      auto& mb = out.micro[static_cast<size_t>(m * ranks + i)];
-      auto window = torch::empty({b.micro_batch, T + 1}, torch::kLong);
-      auto* w = window.data_ptr<int64_t>();
-      for (int64_t j = 0; j < window.numel(); ++j) w[j] = token(rng);
-      mb.inputs = window.narrow(1, 0, T).contiguous();
-      mb.targets = window.narrow(1, 1, T).contiguous();
-    }
-  }
-  return out;
-}
-
-at::Tensor Trainer::State::side_values(const Accumulation& partial) const {
-  torch::NoGradGuard no_grad;
-  const int64_t world = env.world_size, accum = cfg.batch.accum_steps;
-  auto side = torch::zeros({side_slots()}, torch::TensorOptions().dtype(torch::kFloat).device(device));
-  side.narrow(0, 0, 1).copy_(partial.loss.reshape({1}));
-  for (int64_t m = 0; m < static_cast<int64_t>(partial.micro_losses.size()); ++m)
-    side.narrow(0, 1 + m * world + env.rank, 1).copy_(partial.micro_losses[m].reshape({1}));
-  if (partial.first_sq_norm.defined())
-    side.narrow(0, 1 + world * accum + env.rank, 1).copy_(partial.first_sq_norm.reshape({1}));
-  return side;
-}
-
 Trainer::~Trainer() = default;
 const config::Config& Trainer::config() const { return s_->cfg; }
-const std::string& Trainer::run_dir() const { return s_->run_dir; }
+const std::string& Trainer::run_dir() const { return s_->run.root(); }
+int64_t Trainer::rank() const { return s_->env.rank; }
 
 }  // namespace gradguard::train

@@ -12,6 +12,9 @@
 #include <vector>
 
 #include "golden_util.h"
+#include "gradguard/amp/precision.h"
+#include "gradguard/config/config.h"
+#include "gradguard/core/choice.h"
 #include "gradguard/core/error.h"
 
 namespace gradguard::amp {
@@ -46,13 +49,13 @@ TEST(LossScaler, MatchesPyTorchTrajectory) {
     o.hysteresis = 1;     // PyTorch: back off on every overflow
     o.max_scale = 0;      // no cap
     o.min_scale = 1e-30;  // no floor in reach
-    LossScaler s(o, "dynamic");
+    LossScaler s(o, ScalerMode::kDynamic);
     const auto& steps = c["steps"];
     ASSERT_GE(steps.size(), 40u);
     int64_t skipped = 0;
     for (size_t i = 0; i < steps.size(); ++i) {
       if (i == steps.size() / 2) {  // resume mid-trajectory from a saved state
-        LossScaler resumed(o, "dynamic");
+        LossScaler resumed(o, ScalerMode::kDynamic);
         resumed.load_state_dict(nlohmann::json::parse(s.state_dict().dump()));
         s = resumed;
       }
@@ -81,7 +84,7 @@ TEST(LossScaler, DefaultsArePyTorchsAndScaleInverts) {
   EXPECT_EQ(o.backoff_factor, 0.5);
   EXPECT_EQ(o.growth_interval, 2000);
   EXPECT_EQ(o.hysteresis, 1);
-  LossScaler s(o, "dynamic");
+  LossScaler s(o, ScalerMode::kDynamic);
   EXPECT_TRUE(s.enabled());
   EXPECT_EQ(s.scale(), 65536.0);
   EXPECT_EQ(s.inv_scale(), 1.0 / 65536.0);
@@ -90,7 +93,7 @@ TEST(LossScaler, DefaultsArePyTorchsAndScaleInverts) {
 TEST(LossScaler, GrowthCappedAtMaxScale) {
   auto o = small_options();
   o.max_scale = 3000;  // not a power of two: the cap itself is reached
-  LossScaler s(o, "dynamic");
+  LossScaler s(o, ScalerMode::kDynamic);
   auto u = run(s, "FF");
   EXPECT_TRUE(u[1].grew);
   EXPECT_EQ(s.scale(), 2048);
@@ -112,7 +115,7 @@ TEST(LossScaler, BackoffFlooredAtMinScaleAndStuckAfterPatience) {
   o.init_scale = 8;
   o.min_scale = 3;
   o.min_scale_patience = 3;
-  LossScaler s(o, "dynamic");
+  LossScaler s(o, ScalerMode::kDynamic);
   auto u = run(s, "II");
   EXPECT_TRUE(u[0].backed_off);
   EXPECT_EQ(u[0].next_scale, 4);
@@ -141,7 +144,7 @@ TEST(LossScaler, BackoffFlooredAtMinScaleAndStuckAfterPatience) {
 TEST(LossScaler, HysteresisTwoDelaysBackoffButStillSkips) {
   auto o = small_options();
   o.hysteresis = 2;
-  LossScaler s(o, "dynamic");
+  LossScaler s(o, ScalerMode::kDynamic);
   auto u = run(s, "I");
   EXPECT_TRUE(u[0].skipped);
   EXPECT_FALSE(u[0].backed_off);
@@ -163,7 +166,7 @@ TEST(LossScaler, HysteresisTwoDelaysBackoffButStillSkips) {
 TEST(LossScaler, HysteresisThree) {
   auto o = small_options();
   o.hysteresis = 3;
-  LossScaler s(o, "dynamic");
+  LossScaler s(o, ScalerMode::kDynamic);
   auto u = run(s, "IIIIII");
   const std::vector<bool> backed{false, false, true, false, false, true};
   for (size_t i = 0; i < u.size(); ++i) {
@@ -180,7 +183,7 @@ TEST(LossScaler, HysteresisThree) {
 TEST(LossScaler, StaticModeKeepsScale) {
   auto o = small_options();
   o.init_scale = 128;
-  LossScaler s(o, "static");
+  LossScaler s(o, ScalerMode::kStatic);
   EXPECT_TRUE(s.enabled());
   auto u = run(s, "FFFFFIIIIIIF");
   for (size_t i = 0; i < u.size(); ++i) {
@@ -193,7 +196,7 @@ TEST(LossScaler, StaticModeKeepsScale) {
 }
 
 TEST(LossScaler, OffModeIsUnitScaleButStillSkipsOverflow) {
-  LossScaler s(LossScalerOptions{}, "off");
+  LossScaler s(LossScalerOptions{}, ScalerMode::kOff);
   EXPECT_FALSE(s.enabled());
   EXPECT_EQ(s.scale(), 1);
   EXPECT_EQ(s.inv_scale(), 1);
@@ -208,16 +211,16 @@ TEST(LossScaler, OffModeIsUnitScaleButStillSkipsOverflow) {
 
 TEST(LossScaler, ResolveMode) {
   LossScalerOptions o;
-  EXPECT_EQ(resolve_scaler_mode(o, "fp16"), "dynamic");
-  EXPECT_EQ(resolve_scaler_mode(o, "bf16"), "off");
-  EXPECT_EQ(resolve_scaler_mode(o, "fp32"), "off");
-  for (const char* m : {"dynamic", "static", "off"}) {
+  EXPECT_EQ(resolve_scaler_mode(o, AmpDtype::kFp16), ScalerMode::kDynamic);
+  EXPECT_EQ(resolve_scaler_mode(o, AmpDtype::kBf16), ScalerMode::kOff);
+  EXPECT_EQ(resolve_scaler_mode(o, AmpDtype::kFp32), ScalerMode::kOff);
+  for (ScalerMode m : {ScalerMode::kDynamic, ScalerMode::kStatic, ScalerMode::kOff}) {
     o.mode = m;
-    EXPECT_EQ(resolve_scaler_mode(o, "bf16"), m);
-    EXPECT_EQ(resolve_scaler_mode(o, "fp16"), m);
+    EXPECT_EQ(resolve_scaler_mode(o, AmpDtype::kBf16), m) << name_of(m);
+    EXPECT_EQ(resolve_scaler_mode(o, AmpDtype::kFp16), m) << name_of(m);
   }
-  o.mode = "sometimes";
-  EXPECT_THROW(resolve_scaler_mode(o, "fp16"), Error);
+  // An unknown mode is rejected where its name is read.
+  EXPECT_THROW(parse_choice<ScalerMode>("sometimes", "amp.scaler.mode"), Error);
 }
 
 TEST(LossScaler, ValidateNamesEachBadKey) {
@@ -226,7 +229,6 @@ TEST(LossScaler, ValidateNamesEachBadKey) {
     void (*set)(LossScalerOptions&);
   };
   const std::vector<Bad> cases = {
-      {"amp.scaler.mode", [](LossScalerOptions& o) { o.mode = "always"; }},
       {"amp.scaler.init_scale", [](LossScalerOptions& o) { o.init_scale = 0; }},
       {"amp.scaler.init_scale", [](LossScalerOptions& o) { o.init_scale = 1.0 / 0.0; }},
       {"amp.scaler.growth_factor", [](LossScalerOptions& o) { o.growth_factor = 1.0; }},
@@ -244,7 +246,7 @@ TEST(LossScaler, ValidateNamesEachBadKey) {
     LossScalerOptions o;
     c.set(o);
     try {
-      LossScaler s(o, "dynamic");  // the constructor validates
+      LossScaler s(o, ScalerMode::kDynamic);  // the constructor validates
       ADD_FAILURE() << "no error for " << c.key;
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), ErrorKind::kBadInput) << c.key;
@@ -252,11 +254,20 @@ TEST(LossScaler, ValidateNamesEachBadKey) {
       EXPECT_THAT(e.what(), HasSubstr(c.key));
     }
   }
+  // A mode name is checked by the config loader, which names the key and the valid modes.
+  try {
+    config::load_config("", {"amp.scaler.mode=always"});
+    ADD_FAILURE() << "no error for amp.scaler.mode";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kBadInput);
+    EXPECT_THAT(e.where(), HasSubstr("amp.scaler.mode"));
+    EXPECT_THAT(e.what(), HasSubstr("amp.scaler.mode: 'always' is not valid (valid: auto, dynamic, static, off)"));
+  }
   LossScalerOptions o;
   o.max_scale = 0;  // 0 disables the cap: valid
   EXPECT_NO_THROW(o.validate());
   try {
-    LossScaler s(LossScalerOptions{}, "auto");  // must be resolved first
+    LossScaler s(LossScalerOptions{}, ScalerMode::kAuto);  // must be resolved first
     ADD_FAILURE() << "auto accepted as a resolved mode";
   } catch (const Error& e) {
     EXPECT_EQ(e.where(), "amp.scaler.mode");
@@ -269,7 +280,7 @@ TEST(LossScaler, StateDictRoundTripContinuesExactly) {
   o.min_scale = 64;
   o.max_scale = 4096;
   const std::string head = "FFFFIFFFIIIIIIIIFIIIII", tail = "IIFFFFFFFIIIIIIFIFFFFFFFFFFFF";
-  LossScaler a(o, "dynamic");
+  LossScaler a(o, ScalerMode::kDynamic);
   run(a, head);
   const auto saved = a.state_dict();
   // Saved mid-hysteresis and mid-streak at the floor, so every counter matters.
@@ -277,7 +288,7 @@ TEST(LossScaler, StateDictRoundTripContinuesExactly) {
   EXPECT_EQ(saved["hysteresis_left"], 1);
   EXPECT_GE(saved["overflows_at_min"], 1);
   // Through text, as it travels in a checkpoint.
-  LossScaler b(o, "dynamic");
+  LossScaler b(o, ScalerMode::kDynamic);
   b.load_state_dict(nlohmann::json::parse(saved.dump()));
   EXPECT_EQ(b.state_dict(), saved);
   const auto ua = run(a, tail), ub = run(b, tail);
@@ -295,13 +306,13 @@ TEST(LossScaler, StateDictRoundTripContinuesExactly) {
   // A non-power-of-two scale survives the text round trip bit for bit.
   auto odd = saved;
   odd["scale"] = 100.0 / 3.0 * 7;
-  LossScaler c(o, "dynamic");
+  LossScaler c(o, ScalerMode::kDynamic);
   c.load_state_dict(nlohmann::json::parse(odd.dump()));
   EXPECT_EQ(c.scale(), 100.0 / 3.0 * 7);
 }
 
 TEST(LossScaler, LoadStateDictRejectsGarbage) {
-  LossScaler s(small_options(), "dynamic");
+  LossScaler s(small_options(), ScalerMode::kDynamic);
   s.update(true);
   const auto good = s.state_dict();
   std::vector<nlohmann::json> bad = {nlohmann::json::array(), nlohmann::json(3),
@@ -342,7 +353,7 @@ TEST(LossScaler, LoadStateDictRejectsGarbage) {
     EXPECT_EQ(s.state_dict(), before) << "a rejected state changed the scaler: " << j.dump();
   }
   // Mode mismatch across precisions (fp16 checkpoint resumed under bf16) says so.
-  LossScaler off(LossScalerOptions{}, "off");
+  LossScaler off(LossScalerOptions{}, ScalerMode::kOff);
   try {
     off.load_state_dict(good);
     ADD_FAILURE();
@@ -355,7 +366,7 @@ TEST(LossScaler, LoadStateDictRespectsChangedOptions) {
   auto o = small_options();
   o.growth_interval = 10;
   o.hysteresis = 4;
-  LossScaler a(o, "dynamic");
+  LossScaler a(o, ScalerMode::kDynamic);
   run(a, "FFFFFFFFI");  // tracker reset by the overflow, hysteresis_left 3
   run(a, "FFFFFFF");    // tracker 7, hysteresis 4
   auto st = a.state_dict();
@@ -364,7 +375,7 @@ TEST(LossScaler, LoadStateDictRespectsChangedOptions) {
   p.growth_interval = 3;
   p.hysteresis = 2;
   p.max_scale = 2048;
-  LossScaler b(p, "dynamic");
+  LossScaler b(p, ScalerMode::kDynamic);
   b.load_state_dict(st);
   EXPECT_EQ(b.scale(), 2048);        // clamped to the new cap
   EXPECT_EQ(b.growth_tracker(), 2);  // one short of the new interval
@@ -372,10 +383,10 @@ TEST(LossScaler, LoadStateDictRespectsChangedOptions) {
   // Static keeps its configured scale; the counters come back.
   auto so = o;
   so.init_scale = 256;
-  LossScaler st1(so, "static");
+  LossScaler st1(so, ScalerMode::kStatic);
   run(st1, "IIF");
   so.init_scale = 512;
-  LossScaler st2(so, "static");
+  LossScaler st2(so, ScalerMode::kStatic);
   st2.load_state_dict(st1.state_dict());
   EXPECT_EQ(st2.scale(), 512);
   EXPECT_EQ(st2.skipped_steps(), 2);

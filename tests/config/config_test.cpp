@@ -5,6 +5,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <regex>
+
 #include "gradguard/core/error.h"
 #include "test_util.h"
 
@@ -131,21 +133,25 @@ TEST(Config, NestedSectionsAndLists) {
                    "amp:\n  scaler:\n    mode: dynamic\n    hysteresis: 2\nguard:\n  inject:\n    nonfinite_steps: [3, 5]\n"
                    "  recovery:\n    ladder: [skip, rollback]\n");
   Config c = load_config(dir.file("c.yaml"), {"amp.scaler.init_scale=1024"});
-  EXPECT_EQ(c.amp.scaler.mode, "dynamic");
+  EXPECT_EQ(c.amp.scaler.mode, amp::ScalerMode::kDynamic);
   EXPECT_EQ(c.amp.scaler.hysteresis, 2);
   EXPECT_EQ(c.amp.scaler.init_scale, 1024);
   EXPECT_EQ(c.guard.inject.nonfinite_steps, (std::vector<int64_t>{3, 5}));
-  EXPECT_EQ(c.guard.recovery.ladder, (std::vector<std::string>{"skip", "rollback"}));
+  EXPECT_EQ(c.guard.recovery.ladder,
+            (std::vector<guard::RecoveryAction>{guard::RecoveryAction::kSkip, guard::RecoveryAction::kRollback}));
   // The emitted YAML nests the sub-section and reads back identically.
   const std::string yaml = to_yaml(c);
-  EXPECT_THAT(yaml, HasSubstr("  scaler:\n    mode: \"dynamic\""));
+  EXPECT_THAT(yaml, HasSubstr("  scaler:\n    mode: dynamic"));
+  EXPECT_THAT(yaml, HasSubstr("ladder: [skip, rollback]"));
   test::write_text(dir.file("back.yaml"), yaml);
   EXPECT_EQ(to_yaml(load_config(dir.file("back.yaml"), {})), yaml);
   EXPECT_THAT(error_of_set("amp.scaler.hysterisis=2"), HasSubstr("did you mean 'amp.scaler.hysteresis'"));
   EXPECT_THAT(error_of_set("amp.scaler.growth_factor=0.5"), HasSubstr("amp.scaler.growth_factor"));
   EXPECT_THAT(error_of_set("guard.inject.nonfinite_steps=[1,x]"), HasSubstr("expected a list of integers"));
-  EXPECT_THAT(error_of_set("guard.recovery.ladder=skip"), HasSubstr("expected a list of strings"));
-  EXPECT_THAT(error_of_set("guard.recovery.ladder=[skip,explode]"), HasSubstr("'explode' is not an action"));
+  EXPECT_THAT(error_of_set("guard.recovery.ladder=skip"), HasSubstr("expected a list of names"));
+  EXPECT_THAT(error_of_set("guard.recovery.ladder=[skip,explode]"),
+              HasSubstr("guard.recovery.ladder: 'explode' is not valid (valid: skip, cooldown, reset_moments, "
+                        "rollback, halt)"));
   EXPECT_THAT(error_of_set("guard.recovery.ladder=[halt,skip]"), HasSubstr("'halt' must be the last rung"));
   EXPECT_THAT(error_of_set("guard.recovery.ladder=[skip,skip]"), HasSubstr("listed twice"));
   EXPECT_THAT(error_of_set("guard.recovery.ladder=[]"), HasSubstr("at least one action"));
@@ -160,6 +166,48 @@ TEST(Config, NestedSectionsAndLists) {
   EXPECT_THAT(error_of_set("telemetry.backend=cuda"), HasSubstr("telemetry.backend"));
   EXPECT_THAT(error_of_set("optim.lr_scaling=cubic"), HasSubstr("valid: none, linear, sqrt"));
   EXPECT_THAT(error_of_set("optim.name=sgd"), HasSubstr("valid: adamw, lamb, lars"));
+}
+
+// One rule for batch.global_batch = 0 (micro_batch x accum_steps x ranks), applied when
+// the rank count is known: a config loaded for one process and finalized again for two
+// ranks doubles the global batch; an explicit global batch stays and sets accum_steps.
+TEST(Config, GlobalBatchZeroFollowsTheRankCount) {
+  Config c = load_config("", {"batch.micro_batch=4", "batch.accum_steps=1"});
+  EXPECT_EQ(c.batch.global_batch, 4);
+  c.finalize(2);
+  EXPECT_EQ(c.batch.global_batch, 8);
+  EXPECT_EQ(c.batch.accum_steps, 1);
+  Config e = load_config("", {"batch.micro_batch=4", "batch.global_batch=16"});
+  e.finalize(2);
+  EXPECT_EQ(e.batch.global_batch, 16);
+  EXPECT_EQ(e.batch.accum_steps, 2);
+  Config f = load_config("", {"batch.micro_batch=4", "batch.global_batch=4"});
+  EXPECT_THAT(error_of([&] { f.finalize(2); }), HasSubstr("not a multiple of batch.micro_batch (4) x ranks (2)"));
+}
+
+// Every accepted value of every choice key appears in that key's documentation (the
+// text beside the field, which `config show` and docs/config.md print), as a word.
+TEST(Config, EveryChoiceValueIsDocumented) {
+  const auto keys = choice_keys();
+  EXPECT_EQ(keys.size(), 13u);  // run.thread_pool ... dist.hook
+  const std::string reference = test::read_text(test::source_path("docs/config.md"));
+  for (const auto& k : keys) {
+    ASSERT_FALSE(k.names.empty()) << k.key;
+    const auto row = reference.find("| `" + k.key + "` |");
+    ASSERT_NE(row, std::string::npos) << k.key << " is missing from docs/config.md";
+    const std::string line = reference.substr(row, reference.find('\n', row) - row);
+    for (const auto& name : k.names) {
+      const std::regex word("(^|[^a-z0-9_])" + name + "([^a-z0-9_]|$)");
+      EXPECT_TRUE(std::regex_search(k.doc, word)) << k.key << ": '" << name << "' is accepted but not documented: "
+                                                  << k.doc;
+      EXPECT_TRUE(std::regex_search(line, word)) << k.key << ": '" << name << "' missing from docs/config.md";
+    }
+  }
+  // The keys the reference texts once got wrong.
+  for (const auto& k : keys) {
+    if (k.key == "optim.name") EXPECT_EQ(k.names, (std::vector<std::string>{"adamw", "lamb", "lars"}));
+    if (k.key == "schedule.decay") EXPECT_EQ(k.names, (std::vector<std::string>{"cosine", "linear", "constant", "wsd"}));
+  }
 }
 
 TEST(Config, NonPowerOfTwoBatchWarnsUnlessRequired) {

@@ -13,16 +13,13 @@
 
 #include <torch/torch.h>
 
-#include "gradguard/amp/loss_scaler.h"
 #include "gradguard/amp/precision.h"
 #include "gradguard/config/config.h"
+#include "gradguard/core/host_read.h"
 #include "gradguard/data/token_file.h"
-#include "gradguard/grad/clip.h"
-#include "gradguard/grad/grad_stats.h"
-#include "gradguard/guard/detector.h"
+#include "gradguard/guard/guarded_step.h"
 #include "gradguard/model/llama.h"
 #include "gradguard/optim/optimizer.h"
-#include "gradguard/train/guarded_step.h"
 #include "gradguard/train/step.h"
 #include "gradguard/train/trainer.h"
 #include "test_util.h"
@@ -205,12 +202,12 @@ TEST(DeviceCuda, SyncCounterCountsItemButNotAnAdd) {
   EXPECT_EQ(fresh.count(), 1);
 }
 
-// One guarded optimizer step made of the library's pieces, as src/train/trainer.cpp
-// makes it: accumulate over micro-batches (autocast, loss scale), the fused statistics
-// pass (unscale, norms, loss read back: the step's one sync), clip, loss scaler, anomaly
-// detector, optimizer (fused AdamW on CUDA with LibTorch >= 2.0).
-struct GuardedStep {
-  GuardedStep(const torch::Device& dev, const std::string& dtype) : device(dev), net(options()) {
+// One guarded optimizer step as src/train/trainer.cpp makes it: accumulate over
+// micro-batches (autocast, loss scale), then guard::GuardedStep (the fused statistics
+// pass -- unscale, norms, loss read back: the step's one sync --, clip, loss scaler,
+// anomaly detector, optimizer: fused AdamW on CUDA with LibTorch >= 2.0).
+struct StepFixture {
+  StepFixture(const torch::Device& dev, amp::AmpDtype dtype) : device(dev), net(options()) {
     net->to(dev);
     optim::NamedParameters named;
     for (const auto& item : net->named_parameters()) {
@@ -221,10 +218,10 @@ struct GuardedStep {
     amp.dtype = dtype;
     amp.scaler.init_scale = 1024;
     optimizer = optim::make_optimizer(named, optim::OptimOptions{});
-    scaler = std::make_unique<amp::LossScaler>(amp.scaler, amp::resolve_scaler_mode(amp.scaler, dtype));
-    stats = std::make_unique<grad::GradStatsComputer>(params, names);
-    clipper = std::make_unique<grad::Clipper>(grad::ClipOptions{}, params, names);
-    detector = std::make_unique<guard::AnomalyDetector>(guard::GuardOptions{}, stats->groups().names, 0);
+    guard::GuardedStepOptions o;
+    o.scaler = amp.scaler;
+    o.amp_dtype = dtype;
+    guarded = std::make_unique<guard::GuardedStep>(o, params, names, guard::optimizer_hooks(*optimizer, params));
     // The batches live on the device before the step, as the prefetcher leaves them.
     auto tokens = torch::randint(0, 256, {8, 65}, torch::kLong).to(dev);
     for (int64_t m = 0; m < 2; ++m) {
@@ -241,12 +238,15 @@ struct GuardedStep {
   }
   void run() {
     for (auto& p : params) p.mutable_grad() = torch::Tensor();
-    const double s = scaler->scale();
-    auto acc = train::accumulate(*net, micro, 8 * 64, amp, device, s, /*measure_first=*/true);
-    std::vector<torch::Tensor> extras = {acc.loss};
-    extras.insert(extras.end(), acc.micro_losses.begin(), acc.micro_losses.end());
-    extras.push_back(acc.first_sq_norm);
-    train::guarded_update(step, s, extras, *stats, *clipper, *scaler, *detector, *optimizer);
+    auto acc = train::accumulate(*net, micro, 8 * 64, amp, device, guarded->loss_scale(), /*measure_first=*/true);
+    guard::StepInputs in;
+    in.loss = acc.loss;
+    in.micro_losses = torch::stack(acc.micro_losses);
+    in.noise_sq_norm = acc.first_sq_norm;
+    in.noise_share = 0.5;
+    in.noise_micro_batch = 4;
+    in.noise_global_batch = 8;
+    guarded->step(step, in);
     ++step;
   }
 
@@ -256,32 +256,30 @@ struct GuardedStep {
   std::vector<std::string> names;
   amp::AmpOptions amp;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
-  std::unique_ptr<amp::LossScaler> scaler;
-  std::unique_ptr<grad::GradStatsComputer> stats;
-  std::unique_ptr<grad::Clipper> clipper;
-  std::unique_ptr<guard::AnomalyDetector> detector;
+  std::unique_ptr<guard::GuardedStep> guarded;
   std::vector<data::Batch> micro;
   int64_t step = 0;
 };
 
 class DeviceCudaStep : public ::testing::TestWithParam<std::string> {};
+amp::AmpDtype dtype_of(const std::string& name) { return parse_choice<amp::AmpDtype>(name, "amp.dtype"); }
 
 TEST_P(DeviceCudaStep, GuardedStepSyncsOncePerOptimizerStep) {
   GRADGUARD_REQUIRE_CUDA();
   torch::manual_seed(0);
-  GuardedStep s(torch::Device(torch::kCUDA, 0), GetParam());
+  StepFixture s(torch::Device(torch::kCUDA, 0), dtype_of(GetParam()));
   s.run();  // warm-up: lazy CUDA/cuBLAS init, rope tables, optimizer state
   s.run();
   torch::cuda::synchronize();
   constexpr int64_t kSteps = 3;
-  const int64_t stats_before = grad::GradStatsComputer::host_syncs();
+  HostReadCounter reads;
   SyncCounter counter(s.device);
   ASSERT_TRUE(counter.available()) << counter.unavailable_reason();
   for (int64_t i = 0; i < kSteps; ++i) s.run();
   const int64_t syncs = *counter.count();
-  EXPECT_EQ(grad::GradStatsComputer::host_syncs() - stats_before, kSteps);
+  EXPECT_EQ(reads.count(), kSteps);
   EXPECT_EQ(syncs, kSteps) << "host syncs counted over " << kSteps << " guarded optimizer steps (amp.dtype "
-                           << GetParam() << ", scaler " << s.scaler->mode() << "): " << syncs
+                           << GetParam() << ", scaler " << name_of(s.guarded->scaler().mode()) << "): " << syncs
                            << "; the budget is one per step";
 }
 
@@ -289,24 +287,23 @@ INSTANTIATE_TEST_SUITE_P(Amp, DeviceCudaStep, ::testing::Values("fp32", "bf16", 
                          [](const auto& info) { return info.param; });
 
 // The same guarded step on the CPU, so the fixture the CUDA test relies on runs here too:
-// one statistics copy per step; the sync counter itself is not available on the CPU.
+// one host read per step; the CUDA sync counter itself is not available on the CPU.
 TEST(Device, GuardedStepFixtureRunsOnTheCpu) {
-  for (const std::string dtype : {"fp32", "bf16"}) {
+  for (const auto dtype : {amp::AmpDtype::kFp32, amp::AmpDtype::kBf16}) {
     torch::manual_seed(0);
-    GuardedStep s(torch::kCPU, dtype);
+    StepFixture s(torch::kCPU, dtype);
     s.run();
-    const int64_t before = grad::GradStatsComputer::host_syncs();
+    HostReadCounter reads;
     SyncCounter counter(s.device);
     for (int i = 0; i < 2; ++i) s.run();
-    EXPECT_EQ(grad::GradStatsComputer::host_syncs() - before, 2) << dtype;
+    EXPECT_EQ(reads.count(), 2) << name_of(dtype);
     EXPECT_FALSE(counter.count().has_value());
-    EXPECT_EQ(s.scaler->mode(), "off") << dtype;
+    EXPECT_EQ(s.guarded->scaler().mode(), amp::ScalerMode::kOff) << name_of(dtype);
   }
 }
 
 // A run of the tiny preset with the trainer on `device`: returns the host syncs the
-// SyncCounter saw during run() (-1 where it is not available) and checks the statistics
-// pass made one copy per step.
+// SyncCounter saw during run() (-1 where it is not available).
 int64_t count_trainer_syncs(const test::TempDir& dir, const std::string& device, const std::string& dtype,
                             int64_t steps) {
   if (!std::ifstream(dir.file("train.bin"))) {
@@ -322,11 +319,9 @@ int64_t count_trainer_syncs(const test::TempDir& dir, const std::string& device,
        "log.progress=none", "checkpoint.every=0", "log.report=false", "log.tensorboard=false",
        "telemetry.enabled=false"});
   train::Trainer trainer(c);
-  const int64_t stats_before = grad::GradStatsComputer::host_syncs();
   SyncCounter counter(device == "cpu" ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA));
   const auto r = trainer.run();
   EXPECT_EQ(r.steps, steps);
-  EXPECT_EQ(grad::GradStatsComputer::host_syncs() - stats_before, steps);
   return counter.count().value_or(-1);
 }
 

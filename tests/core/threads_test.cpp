@@ -9,6 +9,7 @@
 
 #include <ATen/Parallel.h>
 
+#include "gradguard/config/config.h"
 #include "gradguard/core/error.h"
 #include "gradguard/core/threads.h"
 
@@ -63,42 +64,44 @@ TEST(Threads, UnpinnedRanksSplitTheNode) {
 
 TEST(Threads, ConfigureThreadsGivesTheThreadsToOnePool) {
   const int before = at::get_num_threads();
-  const ThreadReport aten = configure_threads(3, "aten");
-  EXPECT_EQ(aten.pool, "aten");
+  const ThreadReport aten = configure_threads(3, ThreadPool::kAten);
+  EXPECT_EQ(aten.pool, ThreadPool::kAten);
   EXPECT_EQ(aten.intra_op, 3);
   EXPECT_EQ(at::get_num_threads(), 3);
   if (aten.blas != "unknown") EXPECT_EQ(aten.blas_threads, 1);  // the other pool: one thread
 
-  const ThreadReport blas = configure_threads(3, "blas");
+  const ThreadReport blas = configure_threads(3, ThreadPool::kBlas);
   EXPECT_EQ(at::get_num_threads(), 1);
   EXPECT_EQ(blas.intra_op, 1);
   if (blas.blas == "unknown") {
-    EXPECT_EQ(blas.pool, "aten");  // nothing to give BLAS threads to: ATen keeps one
+    EXPECT_EQ(blas.pool, ThreadPool::kAten);  // nothing to give BLAS threads to: ATen keeps one
   } else {
-    EXPECT_EQ(blas.pool, "blas");
+    EXPECT_EQ(blas.pool, ThreadPool::kBlas);
     EXPECT_EQ(blas.blas_threads, 3);
   }
   // This test binary links the system LibTorch, which on Debian uses OpenBLAS: auto picks
   // its pool there (the measured faster split, docs/performance.md).
-  const ThreadReport automatic = configure_threads(2, "auto");
-  EXPECT_EQ(automatic.pool, automatic.blas == "openblas" ? "blas" : "aten");
+  const ThreadReport automatic = configure_threads(2, ThreadPool::kAuto);
+  EXPECT_EQ(automatic.pool, automatic.blas == "openblas" ? ThreadPool::kBlas : ThreadPool::kAten);
   at::set_num_threads(before);
 }
 
 TEST(Threads, ResolvesThePoolPerBlasAndRejectsUnknownNames) {
   // Reference: the policy in core/threads.h.
-  EXPECT_EQ(resolve_thread_pool("auto", "openblas"), "blas");
-  EXPECT_EQ(resolve_thread_pool("auto", "mkl"), "aten");
-  EXPECT_EQ(resolve_thread_pool("auto", "unknown"), "aten");
-  EXPECT_EQ(resolve_thread_pool("blas", "mkl"), "blas");
-  EXPECT_EQ(resolve_thread_pool("blas", "unknown"), "aten");
-  EXPECT_EQ(resolve_thread_pool("aten", "openblas"), "aten");
+  EXPECT_EQ(resolve_thread_pool(ThreadPool::kAuto, "openblas"), ThreadPool::kBlas);
+  EXPECT_EQ(resolve_thread_pool(ThreadPool::kAuto, "mkl"), ThreadPool::kAten);
+  EXPECT_EQ(resolve_thread_pool(ThreadPool::kAuto, "unknown"), ThreadPool::kAten);
+  EXPECT_EQ(resolve_thread_pool(ThreadPool::kBlas, "mkl"), ThreadPool::kBlas);
+  EXPECT_EQ(resolve_thread_pool(ThreadPool::kBlas, "unknown"), ThreadPool::kAten);
+  EXPECT_EQ(resolve_thread_pool(ThreadPool::kAten, "openblas"), ThreadPool::kAten);
+  // An unknown pool name is rejected where the config is read.
   try {
-    resolve_thread_pool("both", "openblas");
+    config::load_config("", {"run.thread_pool=both"});
     FAIL() << "expected an error";
   } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kBadInput);
     EXPECT_THAT(e.what(), ::testing::HasSubstr("run.thread_pool"));
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("both"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("'both' is not valid (valid: auto, aten, blas)"));
   }
 }
 

@@ -1,4 +1,4 @@
-// data::step_batches: the DESIGN.md sample order of one optimizer step for one rank and
+// data::step_batches: the docs/design.md sample order of one optimizer step for one rank and
 // for every rank interleaved, against the formula written out by hand, and the
 // thread-safety of a shuffled dataset read from several threads at once.
 #include "gradguard/data/step_batches.h"

@@ -12,6 +12,8 @@
 
 #include <torch/torch.h>
 
+#include "gradguard/config/config.h"
+#include "gradguard/core/choice.h"
 #include "gradguard/core/device.h"
 #include "gradguard/dist/communicator.h"
 #include "gradguard/dist/grad_sync.h"
@@ -22,6 +24,8 @@
 
 namespace gradguard {
 namespace {
+
+using dist::CommHook;
 
 class GradSyncTest : public ::testing::TestWithParam<std::string> {
  protected:
@@ -104,17 +108,18 @@ TEST_P(GradSyncTest, BucketsLaunchDuringTheLastBackwardAndGradientsMatch) {
 
 TEST_P(GradSyncTest, Fp16AndBf16HooksRoundLikeTheirWireFormats) {
   const auto ref = reference();
-  for (const std::string hook : {"fp16", "bf16"}) {
+  for (const CommHook hook : {CommHook::kFp16, CommHook::kBf16}) {
     dist::DistOptions options;
     options.hook = hook;
     dist::Communicator comm(env_, options, device_);
     {
       dist::GradSync sync(params_, comm, options, 2);
       const auto side = step(sync, 0);
-      const auto dtype = hook == "fp16" ? torch::kHalf : torch::kBFloat16;
+      const auto dtype = hook == CommHook::kFp16 ? torch::kHalf : torch::kBFloat16;
       for (size_t k = 0; k < params_.size(); ++k)
-        expect_same(params_[k].grad(), ref[k].to(dtype).to(torch::kFloat), hook + " " + std::to_string(k),
-                    device_.is_cpu() ? 0 : hook == "fp16" ? 1e-3 : 8e-3);
+        expect_same(params_[k].grad(), ref[k].to(dtype).to(torch::kFloat),
+                    std::string(name_of(hook)) + " " + std::to_string(k),
+                    device_.is_cpu() ? 0 : hook == CommHook::kFp16 ? 1e-3 : 8e-3);
       EXPECT_FLOAT_EQ(side[1].item<float>(), 2.5f);  // the side vector stays fp32
     }
     env_.master_port = dist::free_tcp_port("127.0.0.1");
@@ -124,7 +129,7 @@ TEST_P(GradSyncTest, Fp16AndBf16HooksRoundLikeTheirWireFormats) {
 TEST_P(GradSyncTest, PowerSgdApproximatesAndFeedsTheErrorBack) {
   const auto ref = reference();
   dist::DistOptions options;
-  options.hook = "powersgd";
+  options.hook = CommHook::kPowerSgd;
   options.powersgd_rank = 2;
   options.powersgd_start_step = 1;
   dist::Communicator comm(env_, options, device_);
@@ -167,7 +172,7 @@ TEST_P(GradSyncTest, PowerSgdApproximatesAndFeedsTheErrorBack) {
 }
 
 TEST_P(GradSyncTest, AnInfSurvivesEveryHook) {
-  for (const std::string hook : {"none", "fp16", "bf16", "powersgd"}) {
+  for (const CommHook hook : {CommHook::kNone, CommHook::kFp16, CommHook::kBf16, CommHook::kPowerSgd}) {
     dist::DistOptions options;
     options.hook = hook;
     options.powersgd_start_step = 0;
@@ -183,7 +188,7 @@ TEST_P(GradSyncTest, AnInfSurvivesEveryHook) {
       sync.finish();
       double total = 0;
       for (const auto& p : params_) total += p.grad().sum().item<double>();
-      EXPECT_FALSE(std::isfinite(total)) << hook;
+      EXPECT_FALSE(std::isfinite(total)) << name_of(hook);
     }
     env_.master_port = dist::free_tcp_port("127.0.0.1");
   }
@@ -207,24 +212,31 @@ TEST(DistOptions, EveryBadValueNamesItsKey) {
     mutate(o);
     EXPECT_NE(test::bad_input_message([&] { o.validate(); }).find(key), std::string::npos) << key;
   };
-  check([](dist::DistOptions& o) { o.backend = "mpi"; }, "dist.backend");
   check([](dist::DistOptions& o) { o.timeout_s = 0; }, "dist.timeout_s");
   check([](dist::DistOptions& o) { o.bucket_mb = -1; }, "dist.bucket_mb");
-  check([](dist::DistOptions& o) { o.hook = "int8"; }, "dist.hook");
   check([](dist::DistOptions& o) { o.powersgd_rank = 0; }, "dist.powersgd_rank");
   check([](dist::DistOptions& o) { o.powersgd_start_step = -1; }, "dist.powersgd_start_step");
   check([](dist::DistOptions& o) { o.check_every = -2; }, "dist.check_every");
   check([](dist::DistOptions& o) { o.heartbeat_s = 0; }, "dist.heartbeat_s");
   check([](dist::DistOptions& o) { o.heartbeat_s = 200; }, "dist.heartbeat_s");  // > timeout / 3
+  // Unknown names are rejected where the config is read, with the valid ones.
+  auto rejected = [](const std::string& assignment) {
+    return test::bad_input_message([&] { config::load_config("", {assignment}); });
+  };
+  EXPECT_NE(rejected("dist.backend=mpi").find("dist.backend: 'mpi' is not valid (valid: auto, gloo, nccl)"),
+            std::string::npos);
+  EXPECT_NE(rejected("dist.hook=int8").find("dist.hook: 'int8' is not valid (valid: none, fp16, bf16, powersgd)"),
+            std::string::npos);
 }
 
 TEST(DistBackend, AutoIsNcclOnGpusAndGlooOnTheCpu) {
   const torch::Device cpu(torch::kCPU), gpu(torch::kCUDA, 0);  // only the choice: nothing touches a GPU
-  EXPECT_EQ(dist::choose_backend("auto", cpu, false), "gloo");
-  EXPECT_EQ(dist::choose_backend("auto", cpu, true), "gloo");
-  EXPECT_EQ(dist::choose_backend("gloo", cpu, true), "gloo");
-  EXPECT_EQ(dist::choose_backend("auto", gpu, true), "nccl");
-  EXPECT_EQ(dist::choose_backend("nccl", gpu, true), "nccl");
+  using dist::DistBackend;
+  EXPECT_EQ(dist::choose_backend(DistBackend::kAuto, cpu, false), DistBackend::kGloo);
+  EXPECT_EQ(dist::choose_backend(DistBackend::kAuto, cpu, true), DistBackend::kGloo);
+  EXPECT_EQ(dist::choose_backend(DistBackend::kGloo, cpu, true), DistBackend::kGloo);
+  EXPECT_EQ(dist::choose_backend(DistBackend::kAuto, gpu, true), DistBackend::kNccl);
+  EXPECT_EQ(dist::choose_backend(DistBackend::kNccl, gpu, true), DistBackend::kNccl);
 }
 
 TEST(DistBackend, CombinationsThatCannotWorkSayWhatWould) {
@@ -234,13 +246,19 @@ TEST(DistBackend, CombinationsThatCannotWorkSayWhatWould) {
     EXPECT_NE(m.find("dist.backend"), std::string::npos) << m;
     return m;
   };
-  EXPECT_NE(message([&] { dist::choose_backend("nccl", cpu, true); }).find("GPUs only"), std::string::npos);
-  EXPECT_NE(message([&] { dist::choose_backend("nccl", gpu, false); }).find("LibTorch built with CUDA or ROCm"),
+  using dist::DistBackend;
+  EXPECT_NE(message([&] { dist::choose_backend(DistBackend::kNccl, cpu, true); }).find("GPUs only"),
             std::string::npos);
-  EXPECT_NE(message([&] { dist::choose_backend("auto", gpu, false); }).find("LibTorch built with CUDA or ROCm"),
+  EXPECT_NE(message([&] { dist::choose_backend(DistBackend::kNccl, gpu, false); })
+                .find("LibTorch built with CUDA or ROCm"),
             std::string::npos);
-  EXPECT_NE(message([&] { dist::choose_backend("gloo", gpu, true); }).find("on GPUs use nccl"), std::string::npos);
-  EXPECT_NE(message([&] { dist::choose_backend("mpi", cpu, true); }).find("valid: auto, gloo, nccl"),
+  EXPECT_NE(message([&] { dist::choose_backend(DistBackend::kAuto, gpu, false); })
+                .find("LibTorch built with CUDA or ROCm"),
+            std::string::npos);
+  EXPECT_NE(message([&] { dist::choose_backend(DistBackend::kGloo, gpu, true); }).find("on GPUs use nccl"),
+            std::string::npos);
+  // An unknown name cannot reach choose_backend: it is rejected where it is parsed.
+  EXPECT_NE(message([&] { parse_choice<DistBackend>("mpi", "dist.backend"); }).find("valid: auto, gloo, nccl"),
             std::string::npos);
 }
 
@@ -248,7 +266,7 @@ TEST(DistBackend, NcclOnTheCpuStopsBeforeTheRendezvous) {
   dist::DistEnv env;
   env.world_size = 2;  // nobody else comes: the check must come first
   dist::DistOptions o;
-  o.backend = "nccl";
+  o.backend = dist::DistBackend::kNccl;
   EXPECT_NE(test::bad_input_message([&] { dist::Communicator comm(env, o, torch::kCPU); }).find("dist.backend"),
             std::string::npos);
 }

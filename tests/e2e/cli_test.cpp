@@ -1,5 +1,5 @@
 // End-to-end: the `gradguard` executable on small prepared data. Checks the run
-// directory contract of DESIGN.md (config.yaml, metrics.jsonl fields, checkpoints that
+// directory contract of docs/design.md (config.yaml, metrics.jsonl fields, checkpoints that
 // load back), `init_from`, `config show`, and that every bad-input path exits with code 2
 // and a message naming the file or key.
 #include <gmock/gmock.h>
@@ -74,7 +74,7 @@ TEST_F(Cli, TrainWritesTheRunDirectory) {
   for (const auto& e : std::filesystem::directory_iterator(run))
     if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) events = e.path().string();
   ASSERT_FALSE(events.empty());
-  std::FILE* pipe = ::popen(("/usr/bin/python3 '" + test::source_path("tests/report/read_tfevents.py") + "' '" +
+  std::FILE* pipe = ::popen(("/usr/bin/python3 '" + test::source_path("tests/telemetry/read_tfevents.py") + "' '" +
                              events + "'").c_str(), "r");
   ASSERT_NE(pipe, nullptr);
   std::string text;

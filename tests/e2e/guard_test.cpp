@@ -126,7 +126,7 @@ TEST_F(Guard, SnapshotHoldsTheEvidenceAndReplayReproducesADataSpike) {
     EXPECT_TRUE(stdfs::exists(snap + "/" + f)) << f;
   auto batch = checkpoint::load_safetensors(snap + "/batch.safetensors");
   EXPECT_EQ(batch.tensors["inputs"].sizes(), (std::vector<int64_t>{2, 4, 16}));  // [accum, micro, T]
-  // Sample numbers follow DESIGN.md: k = (step * accum + m) * micro + row.
+  // Sample numbers follow docs/design.md: k = (step * accum + m) * micro + row.
   EXPECT_EQ(batch.tensors["sample_index"][1][3].item<int64_t>(), (30 * 2 + 1) * 4 + 3);
   auto optim = checkpoint::load_safetensors(snap + "/optimizer.safetensors");
   EXPECT_TRUE(optim.tensors.count("exp_avg_sq/model.layers.0.mlp.down_proj.weight"));

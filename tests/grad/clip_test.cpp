@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "golden_util.h"
+#include "gradguard/config/config.h"
 #include "gradguard/core/error.h"
 
 namespace gradguard::grad {
@@ -76,7 +77,7 @@ TEST(Clip, GlobalMatchesTorchClipGradNorm) {
 TEST(Clip, NoneMeasuresWithoutChanging) {
   auto s = with_norm(50.0);
   ClipOptions o;
-  o.strategy = "none";
+  o.strategy = ClipStrategy::kNone;
   Clipper clipper(o, s.params, s.names);
   auto before = s.params[1].grad().clone();
   auto r = run(clipper, s);
@@ -88,7 +89,7 @@ TEST(Clip, NoneMeasuresWithoutChanging) {
 
 TEST(Clip, HistoryThresholdFollowsTheWindow) {
   ClipOptions o;
-  o.strategy = "history";
+  o.strategy = ClipStrategy::kHistory;
   o.max_norm = 1.0;
   o.history_window = 2;
   o.history_factor = 0.8;
@@ -117,7 +118,7 @@ TEST(Clip, LayerwiseClipsEachGroupAlone) {
   c.mutable_grad() = torch::tensor({0.3f, 0.4f});   // layers.1: norm 0.5, untouched
   GradSet s{{a, b, c}, {"model.layers.0.x.weight", "model.layers.0.y.weight", "model.layers.1.x.weight"}};
   ClipOptions o;
-  o.strategy = "layerwise";
+  o.strategy = ClipStrategy::kLayerwise;
   o.max_norm = 1.0;
   Clipper clipper(o, s.params, s.names);
   auto r = run(clipper, s);
@@ -137,7 +138,7 @@ TEST(Clip, AgcBoundsEveryRowByItsWeightNorm) {
   head.mutable_grad() = torch::full({2, 2}, 50.0f);     // lm_head: excluded (as in the paper)
   GradSet s{{w, bias, head}, {"model.layers.0.mlp.up_proj.weight", "model.norm.weight", "lm_head.weight"}};
   ClipOptions o;
-  o.strategy = "agc";
+  o.strategy = ClipStrategy::kAgc;
   o.agc_lambda = 0.1;
   o.agc_eps = 1e-3;
   Clipper clipper(o, s.params, s.names);
@@ -153,7 +154,7 @@ TEST(Clip, AgcBoundsEveryRowByItsWeightNorm) {
 
 TEST(Clip, ZscoreClipsOutliersAfterWarmup) {
   ClipOptions o;
-  o.strategy = "zscore";
+  o.strategy = ClipStrategy::kZscore;
   o.max_norm = 100.0;
   o.zscore_warmup = 4;
   o.zscore_threshold = 2.0;
@@ -178,7 +179,7 @@ TEST(Clip, ZscoreClipsOutliersAfterWarmup) {
 
 TEST(Clip, StateRoundTripContinuesIdentically) {
   ClipOptions o;
-  o.strategy = "zscore";
+  o.strategy = ClipStrategy::kZscore;
   o.zscore_warmup = 3;
   auto s = with_norm(1.0);
   Clipper a(o, s.params, s.names), b(o, s.params, s.names);
@@ -197,7 +198,7 @@ TEST(Clip, StateRoundTripContinuesIdentically) {
     EXPECT_EQ(ra.threshold, rb.threshold);
   }
   ClipOptions other;
-  other.strategy = "history";
+  other.strategy = ClipStrategy::kHistory;
   Clipper c(other, s.params, s.names);
   EXPECT_THROW(c.load_state_dict(a.state_dict()), Error);
   EXPECT_THROW(c.load_state_dict(nlohmann::json::object()), Error);
@@ -231,10 +232,17 @@ TEST(Clip, RejectsBadOptions) {
       EXPECT_THAT(e.what(), HasSubstr(key));
     }
   };
+  // An unknown strategy is rejected where the config is read, naming the key and the
+  // valid strategies.
+  try {
+    config::load_config("", {"clip.strategy=adaptive"});
+    ADD_FAILURE() << "clip.strategy";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kBadInput);
+    EXPECT_THAT(e.what(), HasSubstr("clip.strategy: 'adaptive' is not valid "
+                                    "(valid: none, global, history, layerwise, agc, zscore)"));
+  }
   ClipOptions o;
-  o.strategy = "adaptive";
-  expect_key(o, "clip.strategy");
-  o = {};
   o.max_norm = 0;
   expect_key(o, "clip.max_norm");
   o = {};

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "gradguard/core/choice.h"
 #include "gradguard/core/error.h"
 
 namespace gradguard::guard {
@@ -38,9 +39,10 @@ void warm(AnomalyDetector& d, int64_t n) {
   }
 }
 
+// The kinds of the verdict's anomalies by name, in order.
 std::vector<std::string> kinds(const Verdict& v) {
   std::vector<std::string> k;
-  for (const auto& a : v.anomalies) k.push_back(a.kind);
+  for (const auto& a : v.anomalies) k.push_back(name_of(a.kind));
   return k;
 }
 
@@ -58,7 +60,7 @@ TEST(Detector, NonFiniteLossOrGradientsWithoutADynamicScaler) {
   o.layer_norms[2] = std::numeric_limits<double>::quiet_NaN();
   auto v = d.observe(o);
   ASSERT_TRUE(v.critical());
-  EXPECT_EQ(v.primary()->kind, "nonfinite");
+  EXPECT_EQ(v.primary()->kind, AnomalyKind::kNonfinite);
   EXPECT_THAT(v.primary()->layers, ElementsAre("layers.1"));  // where the NaN is
   EXPECT_THAT(v.primary()->message, ::testing::HasSubstr("layers.1"));
 
@@ -86,7 +88,7 @@ TEST(Detector, GradNormAboveFactorTimesClipThreshold) {
   o.grad_norm = 10.5;
   auto v = d.observe(o);
   ASSERT_TRUE(v.critical());
-  EXPECT_EQ(v.primary()->kind, "grad_norm");
+  EXPECT_EQ(v.primary()->kind, AnomalyKind::kGradNorm);
   EXPECT_EQ(v.primary()->numbers[1].first, "reference");
   EXPECT_DOUBLE_EQ(v.primary()->numbers[1].second, 1.0);
 }
@@ -100,7 +102,7 @@ TEST(Detector, ClippedExplosionIsCriticalOnlyWhenItPersists) {
     o.update_bounded = true;         // global clipping at 1.0 bounds the update
     o.grad_norm = s == 4 ? 0.5 : 45;  // step 4 is normal again
     auto v = d.observe(o);
-    severities.push_back(v.anomalies.empty() ? "none" : v.anomalies[0].severity);
+    severities.push_back(v.anomalies.empty() ? "none" : name_of(v.anomalies[0].severity));
     d.record_outcome(!v.critical());
   }
   EXPECT_THAT(severities, ElementsAre("warning", "warning", "critical", "warning", "none", "warning", "warning"));
@@ -137,7 +139,7 @@ TEST(Detector, LossSpikeWaitsForWarmupAndKeepsOutliersOutOfItsWindow) {
   const double mean_before = armed.loss_mean();
   auto v = armed.observe(healthy(40, 4.8));  // 1.2 -> 4.8 style jump: z far above 6
   ASSERT_TRUE(v.critical());
-  EXPECT_EQ(v.primary()->kind, "loss_spike");
+  EXPECT_EQ(v.primary()->kind, AnomalyKind::kLossSpike);
   EXPECT_DOUBLE_EQ(armed.loss_mean(), mean_before) << "the spike must not enter the window";
   // A second identical spike is still a spike.
   EXPECT_TRUE(armed.observe(healthy(41, 4.8)).critical());
@@ -152,8 +154,8 @@ TEST(Detector, LayerOutlierNamesTheLayerThatJumpedFirst) {
   o.layer_norms[2] *= 20;  // layers.1 jumps first
   auto v = d.observe(o);
   ASSERT_EQ(v.anomalies.size(), 1u);
-  EXPECT_EQ(v.anomalies[0].kind, "layer_outlier");
-  EXPECT_EQ(v.anomalies[0].severity, "warning");
+  EXPECT_EQ(v.anomalies[0].kind, AnomalyKind::kLayerOutlier);
+  EXPECT_EQ(v.anomalies[0].severity, Severity::kWarning);
   EXPECT_THAT(v.anomalies[0].layers, ElementsAre("layers.1"));
   d.record_outcome(true);
   // Next step layers.1 is still out and embed_tokens joins, and the gradient explodes:
@@ -247,10 +249,13 @@ TEST(Detector, StateRoundTripsExactly) {
 }
 
 TEST(Detector, EventLineCarriesTheNumbers) {
-  Anomaly a{"grad_norm", "critical", "msg", {{"grad_norm", 12.0}, {"ratio", std::nan("")}}, {"layers.0"}};
+  Anomaly a{AnomalyKind::kGradNorm, Severity::kCritical, "msg", {{"grad_norm", 12.0}, {"ratio", std::nan("")}},
+            {"layers.0"}};
   auto j = to_event(7, a);
   EXPECT_EQ(j["step"], 7);
   EXPECT_EQ(j["event"], "anomaly");
+  EXPECT_EQ(j["kind"], "grad_norm");
+  EXPECT_EQ(j["severity"], "critical");
   EXPECT_EQ(j["grad_norm"], 12.0);
   EXPECT_TRUE(j["ratio"].is_null());
   EXPECT_EQ(j["layers"][0], "layers.0");

@@ -144,7 +144,7 @@ TEST_F(Checkpointing, TwoMicroBatchesAccumulateLikePlainAutograd) {
 
 TEST_F(Checkpointing, Bf16AutocastGradientsMatchPlainAutograd) {
   amp::AmpOptions bf16;
-  bf16.dtype = "bf16";
+  bf16.dtype = amp::AmpDtype::kBf16;
   double plain_loss = 0, ckpt_loss = 0;
   const auto want = accumulate(false, batches_, bf16, &plain_loss);
   const auto got = accumulate(true, batches_, bf16, &ckpt_loss);
@@ -162,7 +162,7 @@ TEST_F(Checkpointing, AutocastCacheIsNotPoisonedByTheNoGradForward) {
   // Linear layers cast weight.t(), a view autocast never caches, so today this guards
   // against a future op that casts a weight itself.)
   amp::AmpOptions bf16;
-  bf16.dtype = "bf16";
+  bf16.dtype = amp::AmpDtype::kBf16;
   const auto& b = batches_[0];
   auto run = [&](bool first_on) {
     clear_grads();

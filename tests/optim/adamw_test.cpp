@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include "golden_util.h"
+#include "gradguard/config/config.h"
 #include "gradguard/core/compat.h"
 #include "gradguard/core/error.h"
 #include "gradguard/optim/optimizer.h"
@@ -21,10 +22,10 @@ namespace {
 
 bool fused_here() { return compat::fused_adamw_available(c10::kCPU); }
 
-class AdamWKernels : public ::testing::TestWithParam<std::string> {
+class AdamWKernels : public ::testing::TestWithParam<AdamWImplementation> {
  protected:
   void SetUp() override {
-    if (GetParam() == "fused" && !fused_here())
+    if (GetParam() == AdamWImplementation::kFused && !fused_here())
       GTEST_SKIP() << "this LibTorch has no CPU fused AdamW (2.4+); FusedUnavailableIsAClearError covers it";
   }
 };
@@ -55,7 +56,10 @@ TEST_P(AdamWKernels, MatchesTorchAdamWGolden) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Kernel, AdamWKernels, ::testing::Values("auto", "fused", "foreach", "loop"));
+INSTANTIATE_TEST_SUITE_P(Kernel, AdamWKernels,
+                         ::testing::Values(AdamWImplementation::kAuto, AdamWImplementation::kFused,
+                                           AdamWImplementation::kForeach, AdamWImplementation::kLoop),
+                         [](const auto& info) { return std::string(name_of(info.param)); });
 
 // Two groups (decay / no decay), several tensors, five steps of random gradients: the
 // given kernel against LibTorch's torch::optim::AdamW on copies of the same tensors.
@@ -104,19 +108,19 @@ TEST(GroupAdamW, FusedMatchesLibTorchAdamWToFloatRounding) {
 }
 
 TEST(GroupAdamW, AutoPicksFusedExactlyWhereTheKernelExists) {
-  EXPECT_EQ(resolve_adamw_kernel("auto", c10::Device(c10::kCPU)),
+  EXPECT_EQ(resolve_adamw_kernel(AdamWImplementation::kAuto, c10::Device(c10::kCPU)),
             fused_here() ? AdamWKernel::fused : AdamWKernel::foreach);
-  EXPECT_EQ(resolve_adamw_kernel("foreach", c10::Device(c10::kCPU)), AdamWKernel::foreach);
-  EXPECT_EQ(resolve_adamw_kernel("loop", c10::Device(c10::kCPU)), AdamWKernel::loop);
+  EXPECT_EQ(resolve_adamw_kernel(AdamWImplementation::kForeach, c10::Device(c10::kCPU)), AdamWKernel::foreach);
+  EXPECT_EQ(resolve_adamw_kernel(AdamWImplementation::kLoop, c10::Device(c10::kCPU)), AdamWKernel::loop);
 }
 
 TEST(GroupAdamW, FusedUnavailableIsAClearError) {
   if (fused_here()) {
-    EXPECT_EQ(resolve_adamw_kernel("fused", c10::Device(c10::kCPU)), AdamWKernel::fused);
+    EXPECT_EQ(resolve_adamw_kernel(AdamWImplementation::kFused, c10::Device(c10::kCPU)), AdamWKernel::fused);
     return;
   }
   try {
-    resolve_adamw_kernel("fused", c10::Device(c10::kCPU));
+    resolve_adamw_kernel(AdamWImplementation::kFused, c10::Device(c10::kCPU));
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("optim.implementation"));
@@ -125,14 +129,14 @@ TEST(GroupAdamW, FusedUnavailableIsAClearError) {
 }
 
 TEST(GroupAdamW, BadImplementationNamesTheKey) {
-  OptimOptions o;
-  o.implementation = "turbo";
+  // An unknown kernel name is rejected where the config is read.
   try {
-    o.validate();
+    config::load_config("", {"optim.implementation=turbo"});
     FAIL() << "expected an error";
   } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kBadInput);
     EXPECT_THAT(e.what(), ::testing::HasSubstr("optim.implementation"));
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("turbo"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("'turbo' is not valid (valid: auto, fused, foreach, loop)"));
   }
 }
 

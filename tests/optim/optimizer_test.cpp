@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "golden_util.h"
+#include "gradguard/config/config.h"
 #include "gradguard/core/error.h"
 
 namespace gradguard::optim {
@@ -42,14 +43,19 @@ TEST(AdamW, RejectsBadOptions) {
   o.betas = {0.9, 1.0};
   check(o, "optim.betas");
   o = {};
-  o.name = "sgdd";
-  check(o, "optim.name");
-  o = {};
   o.eps = 0;
   check(o, "optim.eps");
   o = {};
   o.weight_decay = -0.1;
   check(o, "optim.weight_decay");
+  // An unknown optimizer is rejected where the config is read, with the valid names.
+  try {
+    config::load_config("", {"optim.name=sgdd"});
+    FAIL() << "optim.name";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kBadInput);
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("optim.name: 'sgdd' is not valid (valid: adamw, lamb, lars)"));
+  }
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include "golden_util.h"
+#include "gradguard/config/config.h"
+#include "gradguard/core/choice.h"
 #include "gradguard/core/error.h"
 
 namespace gradguard::optim {
@@ -19,14 +21,14 @@ TEST(Schedule, MatchesTorchSchedulers) {
     ScheduleOptions o;
     o.warmup_steps = c["warmup_steps"];
     o.total_steps = c["total_steps"];
-    o.decay = c["decay"];
+    o.decay = parse_choice<Decay>(c["decay"].get<std::string>(), "schedule.json: decay");
     o.min_lr = c["min_lr"];
     LrSchedule s(c["lr"].get<double>(), o);
     const auto lrs = c["lrs"].get<std::vector<double>>();
     ASSERT_EQ(static_cast<int64_t>(lrs.size()), o.total_steps);
     for (size_t i = 0; i < lrs.size(); ++i)
       EXPECT_NEAR(s.lr_at(static_cast<int64_t>(i)), lrs[i], 1e-9 * c["lr"].get<double>())
-          << o.decay << " W=" << o.warmup_steps << " step " << i;
+          << name_of(o.decay) << " W=" << o.warmup_steps << " step " << i;
   }
 }
 
@@ -35,7 +37,7 @@ TEST(Schedule, FloorAfterTotalAndNeverBelowMin) {
   o.warmup_steps = 3;
   o.total_steps = 10;
   o.min_lr = 1e-4;
-  for (const char* decay : {"cosine", "linear"}) {
+  for (Decay decay : {Decay::kCosine, Decay::kLinear}) {
     o.decay = decay;
     LrSchedule s(1e-3, o);
     for (int64_t step = 0; step < 40; ++step) EXPECT_GE(s.lr_at(step), 1e-4);
@@ -43,7 +45,7 @@ TEST(Schedule, FloorAfterTotalAndNeverBelowMin) {
     EXPECT_DOUBLE_EQ(s.lr_at(1000), 1e-4);
     EXPECT_DOUBLE_EQ(s.lr_at(3), 1e-3);  // peak exactly at s = W
   }
-  o.decay = "constant";
+  o.decay = Decay::kConstant;
   EXPECT_DOUBLE_EQ(LrSchedule(1e-3, o).lr_at(500), 1e-3);
 }
 
@@ -62,7 +64,7 @@ TEST(Schedule, WarmupStableDecay) {
   ScheduleOptions o;
   o.warmup_steps = 10;
   o.total_steps = 110;
-  o.decay = "wsd";
+  o.decay = Decay::kWsd;
   o.wsd_decay_fraction = 0.2;  // decay over the last 20 of the 100 post-warmup steps
   o.min_lr = 1e-4;
   LrSchedule s(1e-3, o);
@@ -75,11 +77,13 @@ TEST(Schedule, WarmupStableDecay) {
 }
 
 TEST(Schedule, BatchScalingRules) {
-  EXPECT_DOUBLE_EQ(scaled_lr(1e-3, "none", 256, 1024), 1e-3);
-  EXPECT_DOUBLE_EQ(scaled_lr(1e-3, "linear", 256, 1024), 4e-3);
-  EXPECT_DOUBLE_EQ(scaled_lr(1e-3, "sqrt", 256, 1024), 2e-3);
-  EXPECT_DOUBLE_EQ(scaled_lr(1e-3, "linear", 0, 1024), 1e-3);  // base_batch 0: unchanged
-  EXPECT_THROW(scaled_lr(1e-3, "cubic", 256, 1024), Error);
+  EXPECT_DOUBLE_EQ(scaled_lr(1e-3, LrScaling::kNone, 256, 1024), 1e-3);
+  EXPECT_DOUBLE_EQ(scaled_lr(1e-3, LrScaling::kLinear, 256, 1024), 4e-3);
+  EXPECT_DOUBLE_EQ(scaled_lr(1e-3, LrScaling::kSqrt, 256, 1024), 2e-3);
+  EXPECT_DOUBLE_EQ(scaled_lr(1e-3, LrScaling::kLinear, 0, 1024), 1e-3);  // base_batch 0: unchanged
+  // An unknown rule is rejected where the config is read.
+  EXPECT_THAT(test::bad_input_message([] { config::load_config("", {"optim.lr_scaling=cubic"}); }),
+              HasSubstr("optim.lr_scaling: 'cubic' is not valid (valid: none, linear, sqrt)"));
 }
 
 TEST(Schedule, RejectsBadOptions) {
@@ -99,14 +103,19 @@ TEST(Schedule, RejectsBadOptions) {
   o.total_steps = 0;
   expect_error(o, "schedule.total_steps");
   o = {};
-  o.decay = "step";
-  expect_error(o, "schedule.decay");
-  o = {};
   o.min_lr = -1;
   expect_error(o, "schedule.min_lr");
   o = {};
   o.wsd_decay_fraction = 0;
   expect_error(o, "schedule.wsd_decay_fraction");
+  // An unknown decay is rejected where the config is read, with the valid ones.
+  try {
+    config::load_config("", {"schedule.decay=step"});
+    FAIL() << "expected an error for schedule.decay";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kBadInput);
+    EXPECT_THAT(e.what(), HasSubstr("schedule.decay: 'step' is not valid (valid: cosine, linear, constant, wsd)"));
+  }
 }
 
 }  // namespace

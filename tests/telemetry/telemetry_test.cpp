@@ -22,6 +22,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gradguard/config/config.h"
+#include "gradguard/core/choice.h"
 #include "gradguard/core/error.h"
 
 namespace gradguard::telemetry {
@@ -81,7 +83,7 @@ bool wait_for_samples(const Sampler& sampler, int64_t n) {
   return true;
 }
 
-TelemetryOptions options_with(const std::string& backend, int64_t period_ms = 1000,
+TelemetryOptions options_with(TelemetryBackend backend, int64_t period_ms = 1000,
                               int64_t window = 300) {
   TelemetryOptions o;
   o.backend = backend;
@@ -102,15 +104,22 @@ TEST(Telemetry, OptionsValidationNamesTheKey) {
   o = TelemetryOptions();
   o.window = 0;
   expect_bad_input([&] { o.validate(); }, "telemetry.window");
-  o = TelemetryOptions();
-  o.backend = "cuda";
-  expect_bad_input([&] { o.validate(); }, "telemetry.backend");
-  expect_bad_input([] { open_gpu_monitor("cuda", nullptr); }, "telemetry.backend");
+  // An unknown backend is rejected where the config is read, naming the key and the
+  // valid backends; it never reaches the options or open_gpu_monitor.
+  try {
+    config::load_config("", {"telemetry.backend=cuda"});
+    ADD_FAILURE() << "no error for telemetry.backend";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kBadInput);
+    EXPECT_THAT(e.what(), HasSubstr("telemetry.backend: 'cuda' is not valid (valid: auto, nvml, rocm_smi, none)"));
+  }
+  expect_bad_input([] { parse_choice<TelemetryBackend>("cuda", "telemetry.backend"); }, "telemetry.backend");
   o = TelemetryOptions();
   o.period_ms = 10;
   o.window = 1;
   for (const char* backend : {"auto", "nvml", "rocm_smi", "none"}) {
-    o.backend = backend;
+    o.backend = parse_choice<TelemetryBackend>(backend, "telemetry.backend");
+    EXPECT_STREQ(name_of(o.backend), backend);
     EXPECT_NO_THROW(o.validate()) << backend;
   }
 }
@@ -133,7 +142,7 @@ TEST(Telemetry, ReadProcessStatsSeesThisProcess) {
 TEST(Telemetry, AutoBackendReportsGpusOrSaysWhyNot) {
   ScopedEnv nvml("GRADGUARD_NVML_LIBRARY", nullptr);
   ScopedEnv rocm("GRADGUARD_ROCM_SMI_LIBRARY", nullptr);
-  Sampler sampler(options_with("auto"));
+  Sampler sampler(options_with(TelemetryBackend::kAuto));
   const Sample sample = sampler.sample_now();
   if (sampler.gpu_backend() == "none") {  // this machine (no GPU driver)
     EXPECT_TRUE(sample.gpus.empty());
@@ -151,14 +160,14 @@ TEST(Telemetry, AutoBackendReportsGpusOrSaysWhyNot) {
 }
 
 TEST(Telemetry, BackendNoneReadsOnlyProc) {
-  Sampler sampler(options_with("none"));
+  Sampler sampler(options_with(TelemetryBackend::kNone));
   EXPECT_EQ(sampler.gpu_backend(), "none");
   EXPECT_THAT(sampler.note(), HasSubstr("telemetry.backend = none"));
   EXPECT_TRUE(sampler.sample_now().gpus.empty());
 }
 
 TEST(Telemetry, StartStopDrainsEachSampleOnce) {
-  Sampler sampler(options_with("none", /*period_ms=*/10, /*window=*/3));
+  Sampler sampler(options_with(TelemetryBackend::kNone, /*period_ms=*/10, /*window=*/3));
   EXPECT_FALSE(sampler.running());
   sampler.start();
   EXPECT_TRUE(sampler.running());
@@ -195,7 +204,7 @@ TEST(Telemetry, StartStopDrainsEachSampleOnce) {
 }
 
 TEST(Telemetry, StopDoesNotWaitOutThePeriod) {
-  Sampler sampler(options_with("none", /*period_ms=*/600000));
+  Sampler sampler(options_with(TelemetryBackend::kNone, /*period_ms=*/600000));
   sampler.start();
   ASSERT_TRUE(wait_for_samples(sampler, 1));  // the first sample is immediate
   const auto begin = std::chrono::steady_clock::now();
@@ -205,7 +214,7 @@ TEST(Telemetry, StopDoesNotWaitOutThePeriod) {
 }
 
 TEST(Telemetry, DisabledSamplerNeverStarts) {
-  TelemetryOptions o = options_with("auto", 10);
+  TelemetryOptions o = options_with(TelemetryBackend::kAuto, 10);
   o.enabled = false;
   Sampler sampler(o);
   EXPECT_EQ(sampler.gpu_backend(), "none");
@@ -218,7 +227,7 @@ TEST(Telemetry, DisabledSamplerNeverStarts) {
 }
 
 TEST(Telemetry, CpuPercentReflectsWork) {
-  Sampler sampler(options_with("none"));
+  Sampler sampler(options_with(TelemetryBackend::kNone));
   sampler.sample_now();
   // Burn 50 ms of CPU on this thread.
   const double until = process_cpu_seconds() + 0.05;
@@ -238,7 +247,7 @@ TEST(Telemetry, CpuPercentReflectsWork) {
 }
 
 TEST(Telemetry, SampleCostIsMeasured) {
-  Sampler sampler(options_with("none"));
+  Sampler sampler(options_with(TelemetryBackend::kNone));
   EXPECT_EQ(sampler.mean_sample_cost_us(), 0);
   for (int i = 0; i < 5; ++i) sampler.sample_now();
   EXPECT_GT(sampler.mean_sample_cost_us(), 0);
@@ -285,7 +294,7 @@ TEST(Telemetry, ToJsonIsFlatWithNullForNaN) {
   EXPECT_THAT(j.dump(), HasSubstr("\"load1\":null"));
 
   // A real sample without GPUs has only the process keys.
-  Sampler sampler(options_with("none"));
+  Sampler sampler(options_with(TelemetryBackend::kNone));
   const nlohmann::ordered_json real = to_json(sampler.sample_now());
   EXPECT_EQ(real.size(), 8u);
   EXPECT_EQ(real["gpu_count"], 0);
@@ -297,17 +306,17 @@ TEST(Telemetry, MissingLibraryIsANoteNotAnError) {
   ScopedEnv nvml("GRADGUARD_NVML_LIBRARY", nvml_path.c_str());
   ScopedEnv rocm("GRADGUARD_ROCM_SMI_LIBRARY", rocm_path.c_str());
   std::string note = "stale";
-  EXPECT_EQ(open_gpu_monitor("nvml", &note), nullptr);
+  EXPECT_EQ(open_gpu_monitor(TelemetryBackend::kNvml, &note), nullptr);
   EXPECT_THAT(note, HasSubstr("no GPU telemetry"));
   EXPECT_THAT(note, HasSubstr(nvml_path));
-  EXPECT_EQ(open_gpu_monitor("rocm_smi", &note), nullptr);
+  EXPECT_EQ(open_gpu_monitor(TelemetryBackend::kRocmSmi, &note), nullptr);
   EXPECT_THAT(note, HasSubstr(rocm_path));
-  EXPECT_EQ(open_gpu_monitor("auto", &note), nullptr);
+  EXPECT_EQ(open_gpu_monitor(TelemetryBackend::kAuto, &note), nullptr);
   EXPECT_THAT(note, HasSubstr(nvml_path));
   EXPECT_THAT(note, HasSubstr(rocm_path));
-  EXPECT_EQ(open_gpu_monitor("nvml", nullptr), nullptr);  // note is optional
+  EXPECT_EQ(open_gpu_monitor(TelemetryBackend::kNvml, nullptr), nullptr);  // note is optional
 
-  Sampler sampler(options_with("nvml"));
+  Sampler sampler(options_with(TelemetryBackend::kNvml));
   EXPECT_EQ(sampler.gpu_backend(), "none");
   EXPECT_THAT(sampler.note(), HasSubstr(nvml_path));
   EXPECT_TRUE(sampler.sample_now().gpus.empty());
@@ -328,7 +337,7 @@ TEST(Telemetry, FakeNvmlReportsConvertedUnits) {
   ScopedEnv count("GRADGUARD_FAKE_GPU_COUNT", nullptr);
   {
     std::string note = "stale";
-    std::unique_ptr<GpuMonitor> monitor = open_gpu_monitor("nvml", &note);
+    std::unique_ptr<GpuMonitor> monitor = open_gpu_monitor(TelemetryBackend::kNvml, &note);
     ASSERT_NE(monitor, nullptr) << note;
     EXPECT_TRUE(note.empty());
     EXPECT_EQ(monitor->backend(), "nvml");
@@ -357,7 +366,7 @@ TEST(Telemetry, FakeNvmlReportsConvertedUnits) {
 
   // Through the sampler and into JSON.
   {
-    Sampler sampler(options_with("nvml", 10));
+    Sampler sampler(options_with(TelemetryBackend::kNvml, 10));
     EXPECT_EQ(sampler.gpu_backend(), "nvml");
     EXPECT_TRUE(sampler.note().empty());
     sampler.start();
@@ -377,7 +386,7 @@ TEST(Telemetry, FakeNvmlReportsConvertedUnits) {
   {
     ScopedEnv none("GRADGUARD_FAKE_GPU_COUNT", "0");
     std::string note;
-    EXPECT_EQ(open_gpu_monitor("nvml", &note), nullptr);
+    EXPECT_EQ(open_gpu_monitor(TelemetryBackend::kNvml, &note), nullptr);
     EXPECT_THAT(note, HasSubstr("reports no GPUs"));
     EXPECT_THAT(note, HasSubstr(GRADGUARD_FAKE_NVML_PATH));
     EXPECT_EQ(fake_live_inits(handle, "fake_nvml_live_inits"), 0);
@@ -394,7 +403,7 @@ TEST(Telemetry, FakeRocmSmiReportsConvertedUnits) {
   ScopedEnv count("GRADGUARD_FAKE_GPU_COUNT", nullptr);
   {
     std::string note;
-    std::unique_ptr<GpuMonitor> monitor = open_gpu_monitor("rocm_smi", &note);
+    std::unique_ptr<GpuMonitor> monitor = open_gpu_monitor(TelemetryBackend::kRocmSmi, &note);
     ASSERT_NE(monitor, nullptr) << note;
     EXPECT_EQ(monitor->backend(), "rocm_smi");
     auto live = reinterpret_cast<int (*)()>(dlsym(handle, "fake_rocm_smi_live_inits"));
@@ -421,7 +430,7 @@ TEST(Telemetry, FakeRocmSmiReportsConvertedUnits) {
     EXPECT_EQ(live(), 0);
   }
   {
-    Sampler sampler(options_with("rocm_smi"));
+    Sampler sampler(options_with(TelemetryBackend::kRocmSmi));
     EXPECT_EQ(sampler.gpu_backend(), "rocm_smi");
     EXPECT_EQ(sampler.sample_now().gpus.size(), 2u);
   }
@@ -435,12 +444,12 @@ TEST(Telemetry, AutoPrefersNvmlThenFallsBackToRocmSmi) {
   ScopedEnv count("GRADGUARD_FAKE_GPU_COUNT", nullptr);
   {
     ScopedEnv nvml("GRADGUARD_NVML_LIBRARY", GRADGUARD_FAKE_NVML_PATH);
-    Sampler sampler(options_with("auto"));
+    Sampler sampler(options_with(TelemetryBackend::kAuto));
     EXPECT_EQ(sampler.gpu_backend(), "nvml");
   }
   {
     ScopedEnv nvml("GRADGUARD_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1");
-    Sampler sampler(options_with("auto"));
+    Sampler sampler(options_with(TelemetryBackend::kAuto));
     EXPECT_EQ(sampler.gpu_backend(), "rocm_smi");
     EXPECT_TRUE(sampler.note().empty()) << sampler.note();
   }

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gradguard/core/choice.h"
 #include "gradguard/train/progress.h"
 
 namespace gradguard::train {
@@ -15,7 +16,7 @@ namespace {
 
 // Runs `fn` with a Progress writing into a temporary file and returns what it wrote.
 template <typename F>
-std::string capture(const std::string& mode, int64_t total, int64_t every, F&& fn) {
+std::string capture(ProgressMode mode, int64_t total, int64_t every, F&& fn) {
   std::FILE* f = std::tmpfile();
   {
     Progress p(mode, total, every, f);
@@ -43,7 +44,7 @@ StepMetrics metrics(int64_t step, double elapsed, double scale = 1) {
 }
 
 TEST(Progress, LinesModeShowsScaleAnomaliesAndEta) {
-  const std::string out = capture("lines", 100, 10, [](Progress& p) {
+  const std::string out = capture(ProgressMode::kLines, 100, 10, [](Progress& p) {
     p.step(metrics(0, 2.0, 65536));  // first step: ETA = 99 x its own 2 s
     for (int64_t s = 1; s < 10; ++s) p.step(metrics(s, 2.0 + s, 65536), s >= 5 ? 1 : 0);
   });
@@ -65,14 +66,14 @@ TEST(Progress, LinesModeShowsScaleAnomaliesAndEta) {
 TEST(Progress, ResumedRunEtaIgnoresTimeBeforeTheResume) {
   // Resumed at step 500: elapsed_s counts from this process's start, so the first step's
   // 1 s is the estimate, not 1 s / 501 steps.
-  const std::string json = capture("jsonl", 1000, 1, [](Progress& p) { p.step(metrics(500, 1.0)); });
+  const std::string json = capture(ProgressMode::kJsonl, 1000, 1, [](Progress& p) { p.step(metrics(500, 1.0)); });
   EXPECT_DOUBLE_EQ(nlohmann::json::parse(json)["eta_s"].get<double>(), 499.0);
 }
 
 TEST(Progress, ValidationTimeIsAmortisedNotAveragedAsAStep) {
   // 1 s steps (tokens / tokens_per_s) with a 30 s validation before the fifth: the EMA stays
   // at 1 s and the 30 s spread over the 4 steps seen adds 7.5 s per step.
-  const std::string out = capture("jsonl", 100, 1, [](Progress& p) {
+  const std::string out = capture(ProgressMode::kJsonl, 100, 1, [](Progress& p) {
     const double elapsed[] = {1, 2, 3, 4, 35};
     for (int64_t s = 0; s < 5; ++s) {
       StepMetrics m = metrics(s, elapsed[s]);
@@ -87,7 +88,7 @@ TEST(Progress, ValidationTimeIsAmortisedNotAveragedAsAStep) {
 }
 
 TEST(Progress, JsonlModeWritesOneObjectPerStepAndMessage) {
-  const std::string out = capture("jsonl", 4, 1, [](Progress& p) {
+  const std::string out = capture(ProgressMode::kJsonl, 4, 1, [](Progress& p) {
     p.line("hello");
     StepMetrics m = metrics(0, 1.0);
     m.loss = std::nan("");
@@ -109,8 +110,9 @@ TEST(Progress, JsonlModeWritesOneObjectPerStepAndMessage) {
 }
 
 TEST(Progress, QuietAndNoneWriteNothing) {
+  // By name, as log.progress reads them: "none" is another name for quiet.
   for (const char* mode : {"quiet", "none"}) {
-    const std::string out = capture(mode, 4, 1, [](Progress& p) {
+    const std::string out = capture(parse_choice<ProgressMode>(mode, "log.progress"), 4, 1, [](Progress& p) {
       p.line("hello");
       p.step(metrics(0, 1.0));
     });

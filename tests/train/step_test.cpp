@@ -1,5 +1,5 @@
 // Gradient accumulation: micro 4 x accum 8 must give the gradients of micro 32 x accum 1
-// (the global-batch token mean of DESIGN.md), to 1e-5 relative.
+// (the global-batch token mean of docs/design.md), to 1e-5 relative.
 #include "gradguard/train/step.h"
 
 #include <gtest/gtest.h>
@@ -75,7 +75,7 @@ TEST(Accumulation, Bf16AutocastTrainsOnCpu) {
   model::LlamaForCausalLM model(o);
   auto tokens = torch::randint(0, 256, {2, 9}, torch::kLong);
   amp::AmpOptions bf16;
-  bf16.dtype = "bf16";
+  bf16.dtype = amp::AmpDtype::kBf16;
   auto loss = accumulate_gradients(*model, {{tokens.narrow(1, 0, 8), tokens.narrow(1, 1, 8)}}, 16, bf16, torch::kCPU);
   EXPECT_TRUE(std::isfinite(loss.item<double>()));
   EXPECT_NEAR(loss.item<double>(), std::log(256.0), 0.3);  // fresh model: about ln(vocab)

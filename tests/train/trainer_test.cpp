@@ -1,5 +1,5 @@
-// The trainer in-process: the guarded step's host-sync budget (exactly one statistics
-// copy per optimizer step) and run-to-run determinism.
+// The trainer in-process: the guarded step's host-read budget (exactly one device->host
+// read per optimizer step, counted at LibTorch's dispatcher) and run-to-run determinism.
 #include "gradguard/train/trainer.h"
 
 #include <gtest/gtest.h>
@@ -7,8 +7,10 @@
 #include <cstdio>
 #include <sstream>
 
+#include <torch/torch.h>
+
 #include "gradguard/data/token_file.h"
-#include "gradguard/grad/grad_stats.h"
+#include "gradguard/core/host_read.h"
 #include "test_util.h"
 
 namespace gradguard::train {
@@ -24,13 +26,27 @@ config::Config tiny(const test::TempDir& dir, const std::string& name) {
   return c;
 }
 
-TEST(Trainer, OneHostSyncPerGuardedStep) {
+// Every device->host read of the whole run (the dispatcher sees .item(), bool
+// conversions, equal and copies to the host, and the statistics' own read), not the
+// calls of one function: a stray read anywhere in a step breaks the budget. Without
+// validation data and with the checkpoint at the end only, the steps are all there is.
+TEST(Trainer, OneHostReadPerGuardedStep) {
   test::TempDir dir;
   Trainer trainer(tiny(dir, "sync"));
-  const int64_t before = grad::GradStatsComputer::host_syncs();
+  HostReadCounter reads;
   auto r = trainer.run();
   EXPECT_EQ(r.steps, 6);
-  EXPECT_EQ(grad::GradStatsComputer::host_syncs() - before, r.steps);
+  EXPECT_EQ(reads.count(), r.steps);
+}
+
+// The counter is not blind: one extra .item() in a step's worth of work is seen.
+TEST(Trainer, HostReadCounterSeesAStrayItem) {
+  HostReadCounter reads;
+  auto t = torch::ones({3});
+  (void)t.sum().item<float>();
+  EXPECT_EQ(reads.count(), 1);
+  if (t.equal(t)) (void)to_host(t);
+  EXPECT_EQ(reads.count(), 3);
 }
 
 TEST(Trainer, SameSeedSameLosses) {

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "gradguard/doctor/doctor.h"
+#include "gradguard/apps/doctor.h"
 
 namespace gradguard::cli {
 

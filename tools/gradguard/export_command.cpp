@@ -10,6 +10,7 @@
 #include "gradguard/checkpoint/trainer_checkpoint.h"
 #include "gradguard/core/error.h"
 #include "gradguard/core/fs.h"
+#include "gradguard/core/run_dir.h"
 
 namespace gradguard::cli {
 
@@ -25,7 +26,7 @@ void add_export_command(CLI::App& app, Action& action) {
     action = [source, out, force] {
       namespace stdfs = std::filesystem;
       std::string dir = *source;
-      if (stdfs::is_directory(dir + "/checkpoints")) {
+      if (stdfs::is_directory(RunDir(dir).checkpoints())) {
         std::vector<std::string> rejected;
         dir = checkpoint::find_resumable(dir, &rejected);
         for (const auto& r : rejected) std::fprintf(stderr, "skipped checkpoint: %s\n", r.c_str());

@@ -1,5 +1,5 @@
 // gradguard CLI entry point: parses the command line and maps failures to the exit codes
-// of DESIGN.md: 0 success, 2 bad input (with a message naming the file or key), 3 halted
+// of docs/design.md: 0 success, 2 bad input (with a message naming the file or key), 3 halted
 // by the guard, 1 anything else.
 #include <cstdio>
 #include <exception>

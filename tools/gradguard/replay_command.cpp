@@ -7,14 +7,14 @@
 
 #include "commands.h"
 #include "gradguard/core/fs.h"
-#include "gradguard/guard/replay.h"
+#include "gradguard/apps/replay.h"
 
 namespace gradguard::cli {
 
 void add_replay_command(CLI::App& app, Action& action) {
   auto* cmd = app.add_subcommand("replay", "Re-execute a snapshot's step and say whether the anomaly reproduces");
   auto dir = std::make_shared<std::string>();
-  auto options = std::make_shared<guard::ReplayOptions>();
+  auto options = std::make_shared<replay::ReplayOptions>();
   auto json = std::make_shared<bool>(false);
   cmd->add_option("snapshot", *dir, "Snapshot directory (RUN/snapshots/step-NNNNNNN-<kind>)")->required();
   cmd->add_option("--rtol", options->rtol, "Relative tolerance for the same loss and gradient norm")
@@ -25,7 +25,7 @@ void add_replay_command(CLI::App& app, Action& action) {
   cmd->add_flag("--json", *json, "Print the report as JSON");
   cmd->callback([&action, dir, options, json] {
     action = [dir, options, json] {
-      const auto report = guard::replay_snapshot(*dir, *options);
+      const auto report = replay::replay_snapshot(*dir, *options);
       const std::string text = report.to_json().dump(2) + "\n";
       fs::write_file_atomic(*dir + "/replay.json", text);
       std::fputs(*json ? text.c_str() : report.to_text().c_str(), stdout);

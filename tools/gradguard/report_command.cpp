@@ -7,24 +7,13 @@
 #include <filesystem>
 
 #include "commands.h"
+#include "gradguard/apps/csv_export.h"
+#include "gradguard/apps/html_report.h"
 #include "gradguard/core/error.h"
-#include "gradguard/report/csv_export.h"
-#include "gradguard/report/html_report.h"
-#include "gradguard/report/tensorboard.h"
+#include "gradguard/core/run_dir.h"
+#include "gradguard/telemetry/tensorboard.h"
 
 namespace gradguard::cli {
-namespace {
-
-// An event file already in the run directory (the trainer's live one): converting again
-// would show every point twice, as TensorBoard merges the files of a directory.
-std::string existing_event_file(const std::string& run_dir) {
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(run_dir, ec))
-    if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) return e.path().string();
-  return "";
-}
-
-}  // namespace
 
 void add_report_command(CLI::App& app, Action& action) {
   auto* cmd = app.add_subcommand("report", "Write a run's self-contained HTML report (report.html), CSV, TensorBoard");
@@ -45,7 +34,8 @@ void add_report_command(CLI::App& app, Action& action) {
     action = [run_dir, o, csv, tensorboard, no_html] {
       if (!std::filesystem::is_directory(*run_dir))
         throw bad_input(*run_dir, "is not a run directory (no such directory)");
-      const std::string metrics = *run_dir + "/metrics.jsonl";
+      const RunDir run(*run_dir);
+      const std::string metrics = run.metrics();
       if (!*no_html) std::printf("report: %s\n", report::write_html_report(*run_dir, *o).c_str());
       if (*csv) {
         const auto r = report::write_csv(metrics, *run_dir);
@@ -53,11 +43,13 @@ void add_report_command(CLI::App& app, Action& action) {
                     r.telemetry_path.c_str(), (long long)r.telemetry_rows);
       }
       if (*tensorboard) {
-        const std::string existing = existing_event_file(*run_dir);
+        // An event file already in the run directory (the trainer's live one): converting
+        // again would show every point twice, as TensorBoard merges a directory's files.
+        const auto existing = run.event_files();
         if (!existing.empty()) {
-          std::printf("tensorboard: %s already holds this run's scalars; nothing written\n", existing.c_str());
+          std::printf("tensorboard: %s already holds this run's scalars; nothing written\n", existing.front().c_str());
         } else {
-          const int64_t n = report::write_tensorboard(metrics, *run_dir);
+          const int64_t n = telemetry::write_tensorboard(metrics, *run_dir);
           std::printf("tensorboard: %lld scalars written into %s (tensorboard --logdir %s)\n", (long long)n,
                       run_dir->c_str(), run_dir->c_str());
         }

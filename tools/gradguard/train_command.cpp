@@ -1,12 +1,15 @@
 // `gradguard train [--config FILE] [--set key=value ...] [--name NAME]`: trains on the
-// built-in default when no file is given, then prints a summary.
+// built-in default when no file is given, writes report.html (also when the run halts or
+// fails: that run is the one most worth looking at), then prints a summary.
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 
 #include "commands.h"
+#include "gradguard/apps/html_report.h"
 #include "gradguard/config/config.h"
 #include "gradguard/core/error.h"
+#include "gradguard/core/run_dir.h"
 #include "gradguard/core/fs.h"
 #include "gradguard/core/json_number.h"
 #include "gradguard/train/progress.h"
@@ -23,19 +26,33 @@ std::string newest_run(const std::string& runs_dir) {
   stdfs::file_time_type best_time;
   std::error_code ec;
   for (const auto& e : stdfs::directory_iterator(runs_dir, ec)) {
-    const auto latest = e.path() / "checkpoints" / "latest";
-    if (!stdfs::exists(latest)) continue;
-    const auto t = stdfs::last_write_time(latest);
+    const RunDir run(e.path().string());
+    if (!stdfs::exists(run.latest_checkpoint_link(), ec)) continue;
+    const auto t = stdfs::last_write_time(run.latest_checkpoint_link(), ec);
     if (best.empty() || t > best_time) best = e.path().string(), best_time = t;
   }
   if (best.empty()) throw bad_input("--resume auto", "no run under '" + runs_dir + "' has a checkpoint");
   return best;
 }
 
+// report.html of the run so far on rank 0 when log.report is on. A report that cannot
+// be written is a warning: the run itself is what it is, and `gradguard report RUN_DIR`
+// can retry. Returns its path ("" when none).
+std::string write_report(const config::Config& cfg, const std::string& run_dir, int64_t rank) {
+  if (!cfg.log.report || rank != 0 || run_dir.empty() || !stdfs::is_directory(run_dir)) return "";
+  try {
+    return report::write_html_report(run_dir);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "warning: report.html not written: %s\n", e.what());  // stdout may be JSON lines
+    return "";
+  }
+}
+
 // The summary as one JSON object for scripts (--json): {"summary": {...}}.
-nlohmann::ordered_json summary_json(const train::TrainResult& r) {
+nlohmann::ordered_json summary_json(const train::TrainResult& r, const std::string& report) {
   return {{"summary",
            {{"steps", r.steps},
+            {"complete", r.complete},
             {"elapsed_s", json_number(r.elapsed_s)},
             {"tokens_per_s", json_number(r.tokens_per_s)},
             {"world_size", r.world_size},
@@ -51,7 +68,7 @@ nlohmann::ordered_json summary_json(const train::TrainResult& r) {
             {"snapshots", r.snapshots},
             {"run_dir", r.run_dir},
             {"checkpoint", r.checkpoint_dir},
-            {"report", r.report}}}};
+            {"report", report}}}};
 }
 }  // namespace
 
@@ -67,8 +84,9 @@ void add_train_command(CLI::App& app, Action& action) {
   cmd->add_option("-s,--set", *sets, "Override: key.path=value (value read as YAML); repeatable");
   cmd->add_option("-n,--name", *name, "Run name (same as --set run.name=NAME)");
   cmd->add_option("-r,--resume", *resume,
-                  "Continue RUN_DIR from its newest good checkpoint ('auto': the newest run under run.dir); "
-                  "its config.yaml is the base configuration unless --config is given");
+                  "Continue RUN_DIR from its newest good checkpoint ('auto': the run named by run.name if it has a "
+                  "checkpoint, else a fresh start of it; without run.name the newest run under run.dir with a "
+                  "checkpoint); its config.yaml is the base configuration unless --config is given");
   cmd->add_flag("-q,--quiet", *quiet, "No progress; only the summary and errors (log.progress=quiet)");
   cmd->add_flag("--json", *json,
                 "One JSON object per step, per message and for the summary on stdout (log.progress=jsonl)");
@@ -81,32 +99,58 @@ void add_train_command(CLI::App& app, Action& action) {
       if (*json) overrides.push_back("log.progress=jsonl");
       std::string run_dir;
       std::string config_path = *path;
-      if (!resume->empty()) {
-        if (*resume == "auto") {
-          // Only run.dir matters here: from --set, else from --config, else the default.
-          std::string runs_dir = path->empty() ? config::default_config().run.dir : config::load_config(*path, {}).run.dir;
-          for (const auto& o : overrides)
-            if (o.rfind("run.dir=", 0) == 0) runs_dir = o.substr(8);
-          run_dir = newest_run(runs_dir);
+      if (*resume == "auto") {
+        // Where runs live and which one is meant: --set, else --config, else the default
+        // (only the run.* keys: the rest belongs to the run's own config.yaml).
+        std::vector<std::string> run_keys;
+        for (const auto& o : overrides)
+          if (o.rfind("run.", 0) == 0) run_keys.push_back(o);
+        const auto base = config::load_config(*path, run_keys);
+        if (base.run.name.empty()) {
+          run_dir = newest_run(base.run.dir);
         } else {
-          run_dir = *resume;
+          // An explicit run.name means that run: resumed when it has a checkpoint, else
+          // started (again: a start without a checkpoint has nothing to keep).
+          const RunDir named((stdfs::path(base.run.dir) / base.run.name).string());
+          if (stdfs::exists(named.latest_checkpoint_link())) {
+            run_dir = named.root();
+          } else {
+            std::printf("--resume auto: run %s has no checkpoint; starting it\n", named.root().c_str());
+            if (named.holds_run()) overrides.push_back("run.overwrite=true");
+          }
         }
+      } else if (!resume->empty()) {
+        run_dir = *resume;
+      }
+      if (!run_dir.empty()) {
         if (!stdfs::is_directory(run_dir)) throw bad_input("--resume " + run_dir, "is not a run directory");
-        if (config_path.empty()) config_path = run_dir + "/config.yaml";
+        if (config_path.empty()) config_path = RunDir(run_dir).config();
         const stdfs::path p = stdfs::path(run_dir).lexically_normal();
         overrides.push_back("run.dir=" + (p.has_parent_path() ? p.parent_path().string() : std::string(".")));
         overrides.push_back("run.name=" + p.filename().string());
       }
       auto cfg = config::load_config(config_path, overrides);
-      const bool json_summary = cfg.log.progress == "jsonl";
-      train::Trainer trainer(std::move(cfg), stdout, run_dir);
-      auto r = trainer.run();
+      const bool json_summary = cfg.log.progress == train::ProgressMode::kJsonl;
+      train::Trainer trainer(cfg, stdout, run_dir);
+      train::TrainResult r;
+      try {
+        r = trainer.run();
+      } catch (...) {
+        write_report(cfg, trainer.run_dir(), trainer.rank());  // a halted or failed run is the one most worth a look
+        throw;
+      }
+      // A complete run is left as it was, its report included.
+      const std::string report = r.complete ? "" : write_report(cfg, r.run_dir, r.rank);
       if (r.rank != 0) return 0;  // rank 0 reports for the run
       if (json_summary) {
-        std::printf("%s\n", summary_json(r).dump().c_str());
+        std::printf("%s\n", summary_json(r, report).dump().c_str());
         return 0;
       }
-      std::printf("\nsummary: %lld steps in %s (%.0f tokens/s%s), %lld skipped%s\n", (long long)r.steps,
+      if (r.complete)
+        std::printf("\nrun %s is complete (step %lld of %lld); nothing to do\n", r.run_dir.c_str(),
+                    (long long)r.steps, (long long)cfg.schedule.total_steps);
+      else
+        std::printf("\nsummary: %lld steps in %s (%.0f tokens/s%s), %lld skipped%s\n", (long long)r.steps,
                   train::format_duration(r.elapsed_s).c_str(), r.tokens_per_s,
                   r.world_size > 1 ? (" over " + std::to_string(r.world_size) + " ranks").c_str() : "",
                   (long long)r.skipped_steps,
@@ -118,7 +162,7 @@ void add_train_command(CLI::App& app, Action& action) {
                   (long long)r.anomalies, (long long)r.recovery_actions, (long long)r.rollbacks,
                   (long long)r.snapshots, r.last_snapshot.empty() ? "" : ", newest ", r.last_snapshot.c_str());
       std::printf("  run dir     %s\n  checkpoint  %s\n", r.run_dir.c_str(), r.checkpoint_dir.c_str());
-      if (!r.report.empty()) std::printf("  report      %s\n", r.report.c_str());
+      if (!report.empty()) std::printf("  report      %s\n", report.c_str());
       return 0;
     };
   });

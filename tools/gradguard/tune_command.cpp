@@ -4,7 +4,7 @@
 #include <cstdio>
 
 #include "commands.h"
-#include "gradguard/tune/tune.h"
+#include "gradguard/apps/tune.h"
 
 namespace gradguard::cli {
 

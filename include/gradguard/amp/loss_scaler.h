@@ -20,32 +20,54 @@
 // counters) round-trips through state_dict(), so a resumed run continues exactly.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "gradguard/core/choice.h"
+
 namespace gradguard::amp {
+
+// auto is resolved before a scaler is made (amp/precision.h: resolve_scaler_mode).
+enum class ScalerMode { kAuto, kDynamic, kStatic, kOff };
+constexpr std::array<Choice<ScalerMode>, 4> choices(ScalerMode) {
+  return {{{ScalerMode::kAuto, "auto"},
+           {ScalerMode::kDynamic, "dynamic"},
+           {ScalerMode::kStatic, "static"},
+           {ScalerMode::kOff, "off"}}};
+}
 
 // Every field's key is amp.scaler.<field>. Scales are plain multipliers of the loss.
 struct LossScalerOptions {
-  std::string mode = "auto";    // auto | dynamic | static | off (auto: dynamic for fp16, else off)
-  double init_scale = 65536.0;  // 2^16, initial scale (dynamic) or the fixed scale (static); > 0
-  double growth_factor = 2.0;   // multiplier after growth_interval finite steps; > 1
-  double backoff_factor = 0.5;  // multiplier on overflow; in (0, 1)
-  int64_t growth_interval = 2000;  // consecutive finite optimizer steps before growing; >= 1
-  double max_scale = 16777216.0;   // 2^24, cap on growth; >= init_scale; 0 disables the cap
-  double min_scale = 1.0;          // floor for backoff; in (0, init_scale]
-  int64_t hysteresis = 1;          // consecutive overflows before backing off; >= 1; 1 = PyTorch
-  int64_t min_scale_patience = 3;  // overflows in a row already at min_scale before `stuck`; >= 1
-  void validate() const;           // throws gradguard::Error (bad input) naming amp.scaler.<field>
-};
+  ScalerMode mode = ScalerMode::kAuto;
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+  double max_scale = 16777216.0;
+  double min_scale = 1.0;
+  int64_t hysteresis = 1;
+  int64_t min_scale_patience = 3;
+  void validate() const;  // throws gradguard::Error (bad input) naming amp.scaler.<field>
 
-// The effective mode: "dynamic", "static" or "off". `auto` becomes dynamic for
-// amp_dtype "fp16" and off for anything else (bf16 and fp32 have float32's exponent
-// range and need no scaling). Throws gradguard::Error (bad input, amp.scaler.mode) for
-// an unknown mode.
-std::string resolve_scaler_mode(const LossScalerOptions& options, const std::string& amp_dtype);
+  template <class Field>
+  void fields(Field&& field) {
+    field("mode", mode,
+          "auto (dynamic for fp16, else off) | dynamic (search the largest scale that does not overflow) | static "
+          "(a fixed init_scale) | off");
+    field("init_scale", init_scale, "initial scale (dynamic) or the fixed scale (static); 65536 = 2^16; > 0");
+    field("growth_factor", growth_factor, "scale multiplier after growth_interval finite steps in a row; > 1");
+    field("backoff_factor", backoff_factor, "scale multiplier on an overflow; in (0, 1)");
+    field("growth_interval", growth_interval, "finite optimizer steps in a row before the scale grows; >= 1");
+    field("max_scale", max_scale, "cap on growth, >= init_scale; 16777216 = 2^24; 0 disables the cap");
+    field("min_scale", min_scale, "floor for backoff; in (0, init_scale]");
+    field("hysteresis", hysteresis, "overflows in a row tolerated before backing off; >= 1; 1 is PyTorch's rule");
+    field("min_scale_patience", min_scale_patience,
+          "overflows in a row already at min_scale before the scaler reports itself stuck; >= 1");
+  }
+};
 
 // What update() did to one optimizer step.
 struct ScalerUpdate {
@@ -64,13 +86,13 @@ struct ScalerUpdate {
 class LossScaler {
  public:
   // `mode` is the resolved mode (resolve_scaler_mode): dynamic | static | off. Validates
-  // `options`; throws gradguard::Error (bad input) for bad options or another mode.
-  LossScaler(const LossScalerOptions& options, const std::string& mode);
+  // `options`; throws gradguard::Error (bad input) for bad options or kAuto.
+  LossScaler(const LossScalerOptions& options, ScalerMode mode);
 
   double scale() const;      // current scale: the loss multiplier before backward (1 when off)
   double inv_scale() const;  // 1 / scale(): what the gradient statistics multiply by
   bool enabled() const;      // mode != off
-  const std::string& mode() const { return mode_; }
+  ScalerMode mode() const { return mode_; }
 
   // Call once per optimizer step with the non-finite flag from the fused gradient
   // statistics (already on the host). Pure arithmetic: no tensors, no device syncs.
@@ -92,7 +114,7 @@ class LossScaler {
 
  private:
   LossScalerOptions options_;
-  std::string mode_;             // dynamic | static | off
+  ScalerMode mode_;              // dynamic | static | off
   double scale_ = 1;             // current scale
   int64_t growth_tracker_ = 0;   // consecutive finite steps, in [0, growth_interval)
   int64_t hysteresis_left_ = 1;  // overflows still tolerated before backing off, in [1, hysteresis]

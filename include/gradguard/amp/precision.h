@@ -3,20 +3,39 @@
 // matmuls run in bfloat16 and reductions (softmax, norms, the loss) in float32.
 #pragma once
 
+#include <array>
 #include <string>
 
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
 #include "gradguard/amp/loss_scaler.h"
+#include "gradguard/core/option_fields.h"
 
 namespace gradguard::amp {
 
+enum class AmpDtype { kFp32, kBf16, kFp16 };
+constexpr std::array<Choice<AmpDtype>, 3> choices(AmpDtype) {
+  return {{{AmpDtype::kFp32, "fp32"}, {AmpDtype::kBf16, "bf16"}, {AmpDtype::kFp16, "fp16"}}};
+}
+
 struct AmpOptions {
-  std::string dtype = "fp32";  // fp32 | bf16 | fp16 (fp16 needs a GPU: the CPU has no fp16 autocast)
-  LossScalerOptions scaler;    // amp.scaler.*: dynamic loss scaling (auto: on for fp16 only)
-  void validate() const;       // throws gradguard::Error naming amp.dtype / amp.scaler.<key>
+  AmpDtype dtype = AmpDtype::kFp32;
+  LossScalerOptions scaler;
+  void validate() const;  // throws gradguard::Error naming amp.dtype / amp.scaler.<key>
+
+  template <class Field>
+  void fields(Field&& field) {
+    field("dtype", dtype,
+          "compute dtype of forward and backward: fp32 | bf16 (autocast; faster only where the hardware has bf16 "
+          "units: GPUs, AVX-512-BF16/AMX CPUs; `gradguard doctor` measures it) | fp16 (GPU only, with loss scaling)");
+    nested(field, "scaler", scaler);
+  }
 };
+
+// The effective loss-scaler mode: the one asked for, or for `auto` dynamic under fp16
+// and off otherwise (bf16 and fp32 have float32's exponent range and need no scaling).
+ScalerMode resolve_scaler_mode(const LossScalerOptions& options, AmpDtype dtype);
 
 // Throws gradguard::Error (bad input, key amp.dtype) when `device` cannot compute in the
 // requested dtype; called before a run starts so nothing is created for a bad config.

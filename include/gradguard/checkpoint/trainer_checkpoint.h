@@ -11,7 +11,7 @@
 // A checkpoint is written into checkpoints/.tmp-step-NNNNNNN, every file fsync'd, then
 // renamed into place; `latest` is updated only after that. A crash or a full disk at any
 // moment leaves the previous checkpoints intact. Data position needs no state: sample
-// order is a function of the step (DESIGN.md).
+// order is a function of the step (docs/design.md).
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -65,6 +65,16 @@ std::string to_yaml(const Config& config);
 // docs/config.md: every key with its type, default and description.
 std::string reference_markdown();
 
+// A key whose value is one of a fixed set of names, with every name it accepts (aliases
+// included) and its documentation text: the test that each accepted name is documented
+// reads these.
+struct ChoiceKey {
+  std::string key;                 // e.g. "clip.strategy"
+  std::vector<std::string> names;  // accepted values
+  std::string doc;                 // the meaning written beside the field
+};
+std::vector<ChoiceKey> choice_keys();
+
 // Nearest key by edit distance, or "" if none is close; exposed for tests.
 std::string nearest_key(const std::string& key, const std::vector<std::string>& candidates);
 

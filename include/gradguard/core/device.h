@@ -1,6 +1,6 @@
 // What the GPU paths need to measure themselves: which GPU code this build contains,
 // the caching allocator's memory statistics, step timing with device events, and a
-// count of host<->device synchronisations -- the cost DESIGN.md budgets at one per
+// count of host<->device synchronisations -- the cost docs/design.md budgets at one per
 // guarded step.
 //
 // The header includes no CUDA header, so every translation unit compiles against a

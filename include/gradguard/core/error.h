@@ -1,5 +1,5 @@
 // gradguard::Error is the one exception type users see. It carries a kind that the CLI
-// maps to an exit code (DESIGN.md: 2 bad input, 3 halted by the guard, 1 anything
+// maps to an exit code (docs/design.md: 2 bad input, 3 halted by the guard, 1 anything
 // else), and, for bad input, where the problem is (a file, a config key) so the message
 // can name it. Broken internal invariants are not Errors: they assert.
 #pragma once

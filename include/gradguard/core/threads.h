@@ -9,27 +9,32 @@
 // matmul runs on one core while ATen's second thread spins idle.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 
+#include "gradguard/core/choice.h"
+
 namespace gradguard {
+
+// run.thread_pool: which pool gets the threads.
+enum class ThreadPool { kAuto, kAten, kBlas };
+constexpr std::array<Choice<ThreadPool>, 3> choices(ThreadPool) {
+  return {{{ThreadPool::kAuto, "auto"}, {ThreadPool::kAten, "aten"}, {ThreadPool::kBlas, "blas"}}};
+}
 
 struct ThreadReport {
   int64_t intra_op = 0;      // ATen intra-op threads in effect
   std::string blas;          // BLAS library found ("openblas", "mkl", "blis", or "unknown")
   int64_t blas_threads = 0;  // what the BLAS pool was set to; 0 = no setter found (left alone)
-  std::string pool;          // the pool that got the threads: "aten" or "blas"
+  ThreadPool pool = ThreadPool::kAten;  // the pool that got the threads: kAten or kBlas
 };
 
-// The pool `requested` ("auto", "aten" or "blas"; run.thread_pool) resolves to for the
-// BLAS library `blas` (ThreadReport::blas): auto is "blas" for OpenBLAS, whose own pthread
-// pool is measured faster, and "aten" otherwise; "blas" without a known BLAS (no setter
-// to give the threads to) is "aten". Throws gradguard::Error naming run.thread_pool for
-// any other value.
-std::string resolve_thread_pool(const std::string& requested, const std::string& blas);
-// The name check alone (config load): throws gradguard::Error naming run.thread_pool
-// unless `name` is auto, aten or blas.
-void check_thread_pool(const std::string& name);
+// The pool `requested` (run.thread_pool) resolves to for the BLAS library `blas`
+// (ThreadReport::blas): auto is kBlas for OpenBLAS, whose own pthread pool is measured
+// faster, and kAten otherwise; kBlas without a known BLAS (no setter to give the threads
+// to) is kAten.
+ThreadPool resolve_thread_pool(ThreadPool requested, const std::string& blas);
 
 // CPUs this process may use: its affinity mask, capped by a cgroup CPU quota (v2
 // cpu.max, else v1 cfs quota) rounded up. In a container limited to 4 CPUs of a
@@ -50,6 +55,6 @@ int64_t thread_share(int64_t requested, int64_t local_world_size, int64_t affini
 // Gives default_threads(threads) threads (`threads` itself when > 0) to the pool that
 // resolve_thread_pool(pool, <the BLAS found>) names and sets the other to one thread.
 // Safe to call more than once.
-ThreadReport configure_threads(int64_t threads, const std::string& pool = "auto");
+ThreadReport configure_threads(int64_t threads, ThreadPool pool = ThreadPool::kAuto);
 
 }  // namespace gradguard

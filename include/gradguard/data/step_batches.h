@@ -1,4 +1,4 @@
-// The micro-batches of one optimizer step, in the order DESIGN.md fixes: rank r's
+// The micro-batches of one optimizer step, in the order docs/design.md fixes: rank r's
 // micro-step m, row b of data step d reads global sample
 //   k = ((d * accum + m) * world + r) * micro + b
 // (with one rank exactly k = (d * accum + m) * micro + b). The data step d is the

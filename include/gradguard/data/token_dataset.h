@@ -26,12 +26,20 @@
 namespace gradguard::data {
 
 struct DataOptions {
-  std::string train_path = "data/brown/train.bin";  // token file for training
-  std::string val_path = "data/brown/val.bin";      // token file for validation; "" disables
-  int64_t seq_len = 64;    // T, tokens per sample (each sample reads T+1 tokens); >= 1
-  bool shuffle = false;    // false: samples in file order; true: seeded permutation per epoch
+  std::string train_path = "data/brown/train.bin";
+  std::string val_path = "data/brown/val.bin";
+  int64_t seq_len = 64;
+  bool shuffle = false;
   // Throws gradguard::Error (bad input) naming the key, e.g. "data.seq_len".
   void validate() const;
+
+  template <class Field>
+  void fields(Field&& field) {
+    field("train_path", train_path, "training token file (llm.c format, `gradguard prepare`)");
+    field("val_path", val_path, "validation token file; \"\" disables validation");
+    field("seq_len", seq_len, "T: tokens per sample (each sample reads T + 1 tokens); <= model.max_seq_len");
+    field("shuffle", shuffle, "false: samples in file order; true: a seeded permutation per epoch");
+  }
 };
 
 // One micro-batch: both [B, T] int64 on the CPU.

@@ -34,7 +34,7 @@ bool nccl_compiled();
 // auto is nccl on a GPU and gloo on the CPU. NCCL runs on GPUs only and needs a build
 // with it (`nccl_built`); Gloo here runs on the CPU only. Any other combination throws
 // gradguard::Error (bad input, "dist.backend") saying what would work.
-std::string choose_backend(const std::string& requested, const c10::Device& device, bool nccl_built);
+DistBackend choose_backend(DistBackend requested, const c10::Device& device, bool nccl_built);
 
 class Communicator {
  public:
@@ -49,9 +49,9 @@ class Communicator {
   int64_t rank() const { return env_.rank; }
   int64_t world_size() const { return env_.world_size; }
   const DistEnv& env() const { return env_; }
-  const std::string& backend() const { return backend_; }
+  DistBackend backend() const { return backend_; }
   // Whether the backend sums bfloat16 tensors (NCCL does; Gloo does not).
-  bool sums_bf16() const { return backend_ == "nccl"; }
+  bool sums_bf16() const { return backend_ == DistBackend::kNccl; }
   const DistOptions& options() const { return options_; }
 
   // A collective in flight. wait() blocks until it is done (no device->host copy);
@@ -106,7 +106,7 @@ class Communicator {
 
   DistEnv env_;
   DistOptions options_;
-  std::string backend_;
+  DistBackend backend_ = DistBackend::kGloo;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -3,27 +3,53 @@
 // environment (dist/env.h). These options say how the ranks talk once they have met.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 
+#include "gradguard/core/choice.h"
+
 namespace gradguard::dist {
 
+enum class DistBackend { kAuto, kGloo, kNccl };
+constexpr std::array<Choice<DistBackend>, 3> choices(DistBackend) {
+  return {{{DistBackend::kAuto, "auto"}, {DistBackend::kGloo, "gloo"}, {DistBackend::kNccl, "nccl"}}};
+}
+
+// dist.hook: what goes on the wire (dist/grad_sync.h).
+enum class CommHook { kNone, kFp16, kBf16, kPowerSgd };
+constexpr std::array<Choice<CommHook>, 4> choices(CommHook) {
+  return {{{CommHook::kNone, "none"}, {CommHook::kFp16, "fp16"}, {CommHook::kBf16, "bf16"}, {CommHook::kPowerSgd, "powersgd"}}};
+}
+
 struct DistOptions {
-  std::string backend = "auto";  // auto (nccl on CUDA/ROCm devices, gloo on CPU) | gloo | nccl
-  double timeout_s = 300;        // a collective or rendezvous waiting longer than this fails the run (s, > 0)
-  double bucket_mb = 25;         // size of the flat gradient buckets all-reduced during backward (MiB, > 0)
-  std::string hook = "none";     // gradient compression: none | fp16 | bf16 | powersgd
-  int64_t powersgd_rank = 4;     // PowerSGD: rank of the low-rank approximation (>= 1)
-  int64_t powersgd_start_step = 10;  // PowerSGD: plain all-reduce before this step (>= 0)
-  int64_t check_every = 100;     // compare a checksum of the weights across ranks every N steps; 0 disables
-  double heartbeat_s = 1;        // how often each rank tells the rendezvous store it is alive (s, > 0)
+  DistBackend backend = DistBackend::kAuto;
+  double timeout_s = 300;
+  double bucket_mb = 25;
+  CommHook hook = CommHook::kNone;
+  int64_t powersgd_rank = 4;
+  int64_t powersgd_start_step = 10;
+  int64_t check_every = 100;
+  double heartbeat_s = 1;
 
   // Throws gradguard::Error (bad input) naming the key "dist.<field>".
   void validate() const;
+
+  template <class Field>
+  void fields(Field&& field) {
+    field("backend", backend, "auto (nccl on CUDA/ROCm devices, gloo on the CPU) | gloo | nccl (RCCL on ROCm)");
+    field("timeout_s", timeout_s, "a collective or rendezvous waiting longer than this fails the run (s); > 0");
+    field("bucket_mb", bucket_mb, "size of the flat gradient buckets all-reduced during the last backward (MiB); > 0");
+    field("hook", hook,
+          "gradient compression on the wire: none | fp16 | bf16 (halve the bytes) | powersgd (low-rank, with error "
+          "feedback)");
+    field("powersgd_rank", powersgd_rank, "PowerSGD: rank of the low-rank approximation; >= 1");
+    field("powersgd_start_step", powersgd_start_step, "PowerSGD: plain all-reduce before this step; >= 0");
+    field("check_every", check_every, "compare a checksum of the weights across ranks every N steps; 0 disables");
+    field("heartbeat_s", heartbeat_s,
+          "how often each rank tells the rendezvous store it is alive (s); > 0, at most timeout_s / 3");
+  }
 };
 
-// The name check of dist.backend alone: throws gradguard::Error (bad input) unless
-// `backend` is auto, gloo or nccl.
-void check_backend(const std::string& backend);
 
 }  // namespace gradguard::dist

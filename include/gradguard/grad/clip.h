@@ -17,6 +17,7 @@
 // Every step reports the norm, the threshold used and the coefficient applied.
 #pragma once
 
+#include <array>
 #include <deque>
 #include <string>
 #include <vector>
@@ -24,28 +25,64 @@
 #include <ATen/Tensor.h>
 #include <nlohmann/json.hpp>
 
+#include "gradguard/core/choice.h"
 #include "gradguard/grad/grad_stats.h"
 
 namespace gradguard::grad {
 
+enum class ClipStrategy { kNone, kGlobal, kHistory, kLayerwise, kAgc, kZscore };
+constexpr std::array<Choice<ClipStrategy>, 6> choices(ClipStrategy) {
+  return {{{ClipStrategy::kNone, "none"},
+           {ClipStrategy::kGlobal, "global"},
+           {ClipStrategy::kHistory, "history"},
+           {ClipStrategy::kLayerwise, "layerwise"},
+           {ClipStrategy::kAgc, "agc"},
+           {ClipStrategy::kZscore, "zscore"}}};
+}
+
 struct ClipOptions {
-  std::string strategy = "global";  // none | global | history | layerwise | agc | zscore
-  double max_norm = 1.0;            // global/layerwise threshold, history cap, zscore warmup threshold; > 0
-  bool error_if_nonfinite = false;  // true: a non-finite gradient halts the run (exit 3) instead of skipping the step
-  int64_t history_window = 10;      // history: W, norms averaged; >= 1
-  double history_factor = 0.8;      // history: threshold = min(max_norm, factor * mean); > 0
-  double agc_lambda = 0.01;         // agc: allowed ||G_row|| / max(||W_row||, eps); > 0
-  double agc_eps = 1e-3;            // agc: floor on the weight-row norm; > 0
-  double zscore_threshold = 2.5;    // zscore: z above which a norm is clipped; > 0
-  double zscore_alpha = 0.97;       // zscore: EMA decay of mean and variance, in (0, 1)
-  int64_t zscore_warmup = 25;       // zscore: steps that seed the mean/variance; >= 2
-  void validate() const;            // throws gradguard::Error naming clip.<key>
+  ClipStrategy strategy = ClipStrategy::kGlobal;
+  double max_norm = 1.0;
+  bool error_if_nonfinite = false;
+  int64_t history_window = 10;
+  double history_factor = 0.8;
+  double agc_lambda = 0.01;
+  double agc_eps = 1e-3;
+  double zscore_threshold = 2.5;
+  double zscore_alpha = 0.97;
+  int64_t zscore_warmup = 25;
+  void validate() const;  // throws gradguard::Error naming clip.<key>
+
+  template <class Field>
+  void fields(Field&& field) {
+    field("strategy", strategy,
+          "how the update is bounded: none (measure only) | global (clip_grad_norm_) | history (factor x recent "
+          "mean) | layerwise (each layer to max_norm) | agc (each weight row to agc_lambda x its norm) | zscore "
+          "(norms far above their EMA)");
+    field("max_norm", max_norm,
+          "L2 threshold of global and layerwise, cap of history, threshold of zscore during its warmup; > 0");
+    field("error_if_nonfinite", error_if_nonfinite,
+          "true: inf/NaN gradients halt the run (exit 3); false: the step is skipped");
+    field("history_window", history_window, "history: W, the recent clipped norms averaged (steps); >= 1");
+    field("history_factor", history_factor, "history: threshold = min(max_norm, factor x mean of the window); > 0");
+    field("agc_lambda", agc_lambda,
+          "agc: every row of every matrix but lm_head keeps ||G_row|| <= lambda x max(||W_row||, agc_eps); > 0");
+    field("agc_eps", agc_eps, "agc: floor of the weight-row norm, so zero-initialised rows can move; > 0");
+    field("zscore_threshold", zscore_threshold,
+          "zscore: a norm more than this many standard deviations above the EMA mean is clipped to mean + z x std; > 0");
+    field("zscore_alpha", zscore_alpha, "zscore: EMA decay of the norm's mean and variance; in (0, 1)");
+    field("zscore_warmup", zscore_warmup, "zscore: steps that seed the mean and variance (max_norm applies); >= 2");
+  }
 };
 
 struct ClipResult {
   double grad_norm = 0;   // global L2 norm before clipping
   double clip_coef = 1;   // global norm after / before (1 = untouched)
-  double threshold = 0;   // threshold used this step (inf for none; agc: lambda)
+  double threshold = 0;   // threshold used this step (inf for none; agc: lambda, a ratio)
+  // `threshold` bounds the global norm (global, history, zscore), so a norm far above it
+  // is an explosion; agc's ratio and layerwise's per-layer bound are not.
+  bool threshold_is_global = false;
+  bool update_bounded = false;  // clipping bounds this step's update (every strategy but none)
 };
 
 class Clipper {

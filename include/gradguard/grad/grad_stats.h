@@ -4,12 +4,14 @@
 // torch.nn.utils.clip_grad_norm_ does, and derives the non-finite flag from the global
 // norm (an inf or NaN anywhere makes it non-finite). Everything the host needs -- the
 // norms, the global norm and any extra scalars of the step such as the loss -- comes
-// back in ONE device->host copy, counted by host_syncs() so tests can hold the guarded
-// step to its budget of one sync.
+// back in ONE device->host copy (core/device.h's HostReadCounter sees it, so tests can
+// hold the guarded step to its budget of one sync).
 //
-// Per-layer norms group the tensors by their Hugging Face name: "model.layers.N.*" ->
-// "layers.N", "model.embed_tokens.*" -> "embed_tokens", "model.norm.*" -> "norm",
-// "lm_head.*" -> "lm_head" (anything else keeps its own name).
+// Per-layer norms group the tensors by module: a name with a numeric component is
+// grouped up to it ("model.layers.3.mlp.up_proj.weight" -> "layers.3",
+// "blocks.0.attn.weight" -> "blocks.0"), any other by its module path without the
+// parameter ("model.embed_tokens.weight" -> "embed_tokens", "lm_head.weight" ->
+// "lm_head"); a leading "model." is dropped, so Hugging Face names read as before.
 #pragma once
 
 #include <cstdint>
@@ -35,7 +37,7 @@ struct GradStats {
   std::vector<double> tensor_norms;      // [tensor] L2 norm (0 for a tensor without gradient)
   std::vector<double> layer_norms;       // [group of LayerGroups] L2 norm
   double norm_after_device_clip = 0;     // global norm after an on-device clip hook (= global_norm without one)
-  std::vector<double> extras;            // [i] the extra scalars passed to compute(), same order
+  std::vector<double> side;              // [i] the side values passed to compute(), same order
 };
 
 // An on-device clipping pass run between measuring and reading back (AGC uses it), so
@@ -48,16 +50,13 @@ class GradStatsComputer {
   GradStatsComputer(std::vector<at::Tensor> params, const std::vector<std::string>& names);
 
   // Unscales the gradients in place by `inv_scale` (skipped when 1), measures them and
-  // returns the statistics. `extras` are 0-dim tensors (e.g. the step's loss) read back
-  // in the same copy. Syncs with the host exactly once.
-  GradStats compute(double inv_scale, const std::vector<at::Tensor>& extras = {},
-                    const DeviceClipHook& hook = {});
+  // returns the statistics. `side` (1-D, any float dtype, may be undefined) holds the
+  // step's other scalars (the loss, ...), read back in the same copy. Syncs with the
+  // host exactly once.
+  GradStats compute(double inv_scale, const at::Tensor& side = {}, const DeviceClipHook& hook = {});
 
   const LayerGroups& groups() const { return groups_; }
   const std::vector<at::Tensor>& params() const { return params_; }
-
-  // Device->host copies made by compute() in this process (a test hook for the budget).
-  static int64_t host_syncs();
 
  private:
   std::vector<at::Tensor> params_;

@@ -55,8 +55,8 @@ struct StepObservation {
 };
 
 struct Anomaly {
-  std::string kind;      // nonfinite | loss_scale_stuck | grad_norm | loss_spike | layer_outlier | backoff_storm | skip_streak
-  std::string severity;  // warning | critical
+  AnomalyKind kind = AnomalyKind::kNonfinite;
+  Severity severity = Severity::kWarning;
   std::string message;   // one line with the numbers that triggered it
   std::vector<std::pair<std::string, double>> numbers;  // the triggering numbers by name
   std::vector<std::string> layers;  // layers involved, the first to jump first

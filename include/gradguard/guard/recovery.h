@@ -23,8 +23,8 @@
 
 namespace gradguard::guard {
 
-struct RecoveryAction {
-  std::string action;         // skip | cooldown | reset_moments | rollback | halt
+struct RecoveryDecision {
+  RecoveryAction action = RecoveryAction::kSkip;
   int64_t rung = 0;           // index in the ladder
   int64_t budget_left = 0;    // budget of this action after taking it (-1: unlimited, halt)
   std::string note;           // why lower rungs were passed over, if they were
@@ -36,12 +36,12 @@ class RecoveryLadder {
 
   // Decides the action for a critical anomaly of `kind` at `step` and spends its
   // budget. `rollback_possible`: a checkpoint to roll back to exists.
-  RecoveryAction decide(int64_t step, const std::string& kind, bool rollback_possible);
+  RecoveryDecision decide(int64_t step, AnomalyKind kind, bool rollback_possible);
 
   // Learning-rate multiplier at `step`: cooldown_factor inside a cool-down, else 1.
   double lr_factor(int64_t step) const;
 
-  int64_t budget_left(const std::string& action) const;  // -1 for halt
+  int64_t budget_left(RecoveryAction action) const;  // -1 for halt
 
   nlohmann::json state_dict() const;
   void load_state_dict(const nlohmann::json& state);  // throws gradguard::Error (bad input)
@@ -51,7 +51,7 @@ class RecoveryLadder {
   int64_t skips_ = 0, cooldowns_ = 0, resets_ = 0, rollbacks_ = 0;  // spent
   int64_t last_step_ = -1;       // step of the last action; -1 = none yet
   int64_t last_rung_ = -1;       // rung of the last action
-  std::string last_kind_;        // anomaly kind of the last action
+  AnomalyKind last_kind_ = AnomalyKind::kNonfinite;  // anomaly kind of the last action (when last_step_ >= 0)
   int64_t cooldown_until_ = -1;  // steps < this (and > the action's step) run cooled down
   int64_t cooldown_from_ = -1;
 };

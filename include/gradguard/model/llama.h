@@ -27,24 +27,43 @@
 namespace gradguard::model {
 
 struct LlamaOptions {
-  int64_t vocab_size = 256;          // tokens; 256 for the byte-level tokenizer
-  int64_t hidden_size = 128;         // model width d
-  int64_t intermediate_size = 384;   // SwiGLU hidden width
-  int64_t num_layers = 4;            // decoder layers
-  int64_t num_heads = 4;             // query heads; must divide hidden_size
-  int64_t num_kv_heads = 2;          // K/V heads (GQA); must divide num_heads; = num_heads is MHA
-  int64_t max_seq_len = 1024;        // longest sequence (HF max_position_embeddings)
-  double rope_theta = 10000.0;       // rotary base
-  double rms_norm_eps = 1e-5;        // RMSNorm epsilon
-  bool tie_embeddings = false;       // lm_head shares the embedding matrix
-  double init_std = 0.02;            // N(0, std) init; residual projections get std/sqrt(2L)
-  std::string init_from;             // HF directory (config.json + model.safetensors); "" = random init
-  bool activation_checkpointing = false;  // recompute each layer's activations in backward
-                                          // (training with grad mode only); false disables
+  int64_t vocab_size = 256;
+  int64_t hidden_size = 128;
+  int64_t intermediate_size = 384;
+  int64_t num_layers = 4;
+  int64_t num_heads = 4;
+  int64_t num_kv_heads = 2;
+  int64_t max_seq_len = 1024;
+  double rope_theta = 10000.0;
+  double rms_norm_eps = 1e-5;
+  bool tie_embeddings = false;
+  double init_std = 0.02;
+  std::string init_from;
+  bool activation_checkpointing = false;
 
   int64_t head_dim() const { return hidden_size / num_heads; }
   // Throws gradguard::Error (bad input) naming the key, e.g. "model.num_kv_heads".
   void validate() const;
+
+  template <class Field>
+  void fields(Field&& field) {
+    field("vocab_size", vocab_size, "tokens in the vocabulary (256 for byte-level data); >= 1");
+    field("hidden_size", hidden_size, "model width d; >= 1");
+    field("intermediate_size", intermediate_size, "SwiGLU hidden width; >= 1");
+    field("num_layers", num_layers, "decoder layers; >= 1");
+    field("num_heads", num_heads, "attention query heads; divides hidden_size, with an even head size (RoPE)");
+    field("num_kv_heads", num_kv_heads, "K/V heads (grouped-query attention); divides num_heads; = num_heads is MHA");
+    field("max_seq_len", max_seq_len, "longest sequence the model accepts (HF max_position_embeddings); >= 1");
+    field("rope_theta", rope_theta, "rotary embedding base; finite, > 0");
+    field("rms_norm_eps", rms_norm_eps, "RMSNorm epsilon; finite, > 0");
+    field("tie_embeddings", tie_embeddings, "lm_head shares the embedding matrix");
+    field("init_std", init_std, "N(0, std) initialisation; residual projections get std / sqrt(2 x num_layers); > 0");
+    field("init_from", init_from,
+          "HF directory (config.json + model.safetensors) to start from; its architecture wins; \"\" = random init");
+    field("activation_checkpointing", activation_checkpointing,
+          "keep only each decoder layer's input in training and recompute its activations in backward (less "
+          "memory, more compute)");
+  }
 };
 
 class RMSNormImpl : public torch::nn::Module {

@@ -16,16 +16,15 @@
 
 #include <torch/optim/adamw.h>
 
+#include "gradguard/optim/optimizer.h"
+
 namespace gradguard::optim {
 
 enum class AdamWKernel { fused, foreach, loop };
 
-// "auto" -> fused where the LibTorch in use has the kernel for `device`, else foreach;
-// "fused" where it has none throws gradguard::Error naming optim.implementation.
-AdamWKernel resolve_adamw_kernel(const std::string& implementation, const c10::Device& device);
-// The name check alone (config load, before the device is known): throws
-// gradguard::Error naming optim.implementation unless it is auto, fused, foreach or loop.
-void check_adamw_implementation(const std::string& implementation);
+// auto -> fused where the LibTorch in use has the kernel for `device`, else foreach;
+// fused where it has none throws gradguard::Error naming optim.implementation.
+AdamWKernel resolve_adamw_kernel(AdamWImplementation implementation, const c10::Device& device);
 const char* to_string(AdamWKernel kernel);
 
 class GroupAdamW : public torch::optim::AdamW {

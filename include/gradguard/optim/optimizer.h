@@ -11,25 +11,63 @@
 
 #include <ATen/Tensor.h>
 
+#include "gradguard/core/choice.h"
+#include "gradguard/optim/schedule.h"
+
 namespace torch::optim {
 class Optimizer;
 }
 
 namespace gradguard::optim {
 
+enum class OptimizerKind { kAdamW, kLamb, kLars };
+constexpr std::array<Choice<OptimizerKind>, 3> choices(OptimizerKind) {
+  return {{{OptimizerKind::kAdamW, "adamw"}, {OptimizerKind::kLamb, "lamb"}, {OptimizerKind::kLars, "lars"}}};
+}
+
+// Which AdamW kernel (optim/adamw.h); auto is resolved once the device is known.
+enum class AdamWImplementation { kAuto, kFused, kForeach, kLoop };
+constexpr std::array<Choice<AdamWImplementation>, 4> choices(AdamWImplementation) {
+  return {{{AdamWImplementation::kAuto, "auto"},
+           {AdamWImplementation::kFused, "fused"},
+           {AdamWImplementation::kForeach, "foreach"},
+           {AdamWImplementation::kLoop, "loop"}}};
+}
+
 struct OptimOptions {
-  std::string name = "adamw";                // adamw | lamb | lars
-  double lr = 3e-3;                          // peak learning rate (> 0) at batch base_batch
-  std::array<double, 2> betas = {0.9, 0.95}; // Adam/LAMB beta1, beta2, each in [0, 1)
-  double eps = 1e-8;                         // Adam/LAMB epsilon (> 0; large-batch fine-tuning often wants 1e-6)
-  double weight_decay = 0.1;                 // decay on dim >= 2 tensors (decoupled for AdamW/LAMB, L2 for LARS); 0 disables
-  double max_trust_ratio = 10.0;             // LAMB: clamp of ||w|| / ||update|| (> 0)
-  double momentum = 0.9;                     // LARS: momentum in [0, 1)
-  double trust_coefficient = 0.001;          // LARS: eta of the local learning rate (> 0)
-  std::string implementation = "auto";       // AdamW kernel: auto (fused where available, else foreach) | fused | foreach | loop
-  std::string lr_scaling = "none";           // none | linear | sqrt: scale lr by global_batch / base_batch
-  int64_t base_batch = 0;                    // sequences per step lr was tuned for; 0 = no scaling
-  void validate() const;                     // throws gradguard::Error naming optim.<key>
+  OptimizerKind name = OptimizerKind::kAdamW;
+  double lr = 3e-3;
+  std::array<double, 2> betas = {0.9, 0.95};
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  double max_trust_ratio = 10.0;
+  double momentum = 0.9;
+  double trust_coefficient = 0.001;
+  AdamWImplementation implementation = AdamWImplementation::kAuto;
+  LrScaling lr_scaling = LrScaling::kNone;
+  int64_t base_batch = 0;
+  void validate() const;  // throws gradguard::Error naming optim.<key>
+
+  template <class Field>
+  void fields(Field&& field) {
+    field("name", name,
+          "adamw (PyTorch's AdamW) | lamb (layer-wise trust ratio, You et al. 2019) | lars (momentum SGD with a "
+          "layer-wise rate, You et al. 2017)");
+    field("lr", lr, "peak learning rate at batch base_batch; finite, > 0");
+    field("betas", betas, "[beta1, beta2] of AdamW and LAMB, each in [0, 1)");
+    field("eps", eps, "epsilon of AdamW and LAMB (large-batch fine-tuning often wants 1e-6); finite, > 0");
+    field("weight_decay", weight_decay,
+          "decay of dim >= 2 tensors (decoupled for AdamW and LAMB, L2 for LARS); norms and biases never decay; "
+          "0 disables");
+    field("implementation", implementation,
+          "adamw kernel: auto (fused where LibTorch has it, else foreach) | fused | foreach | loop (LibTorch's own)");
+    field("max_trust_ratio", max_trust_ratio, "lamb: clamp of the trust ratio ||w|| / ||update||; > 0");
+    field("momentum", momentum, "lars: momentum; in [0, 1)");
+    field("trust_coefficient", trust_coefficient, "lars: eta of the layer-wise learning rate; > 0");
+    field("lr_scaling", lr_scaling,
+          "none | linear | sqrt: scale lr (and schedule.min_lr) by global_batch / base_batch, or its square root");
+    field("base_batch", base_batch, "sequences per step that optim.lr was tuned for; 0 = no scaling; >= 0");
+  }
 };
 
 using NamedParameters = std::vector<std::pair<std::string, at::Tensor>>;

@@ -21,6 +21,7 @@
 // No torch in this module: it must stay cheap to build and usable from any tool.
 #pragma once
 
+#include <array>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -32,15 +33,35 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "gradguard/core/choice.h"
+
 namespace gradguard::telemetry {
 
 // Every field's key is telemetry.<field>.
+// telemetry.backend: where GPU readings come from.
+enum class TelemetryBackend { kAuto, kNvml, kRocmSmi, kNone };
+constexpr std::array<Choice<TelemetryBackend>, 4> choices(TelemetryBackend) {
+  return {{{TelemetryBackend::kAuto, "auto"},
+           {TelemetryBackend::kNvml, "nvml"},
+           {TelemetryBackend::kRocmSmi, "rocm_smi"},
+           {TelemetryBackend::kNone, "none"}}};
+}
+
 struct TelemetryOptions {
-  bool enabled = true;           // false: no background thread, no GPU library opened
-  int64_t period_ms = 1000;      // sampling period (ms); in [10, 86400000]
-  int64_t window = 300;          // samples kept in memory for window(); >= 1
-  std::string backend = "auto";  // GPU source: auto | nvml | rocm_smi | none (/proc is always read)
-  void validate() const;         // throws gradguard::Error (bad input) naming telemetry.<field>
+  bool enabled = true;
+  int64_t period_ms = 1000;
+  int64_t window = 300;
+  TelemetryBackend backend = TelemetryBackend::kAuto;
+  void validate() const;  // throws gradguard::Error (bad input) naming telemetry.<field>
+
+  template <class Field>
+  void fields(Field&& field) {
+    field("enabled", enabled, "a background sampler of process and GPU state; false: no thread, no GPU library opened");
+    field("period_ms", period_ms, "sampling period (ms); in [10, 86400000]");
+    field("window", window, "samples kept in memory for snapshots; >= 1");
+    field("backend", backend,
+          "GPU source: auto (NVML, else ROCm SMI) | nvml | rocm_smi | none (no GPU readings; /proc is always read)");
+  }
 };
 
 // One GPU at one instant. A field the source cannot report (missing symbol, failing
@@ -112,9 +133,8 @@ class GpuMonitor {
 // and then sets *note (if non-null) to why, naming each library tried, e.g. "no GPU
 // telemetry: libnvidia-ml.so.1 not found". An explicitly requested backend that
 // cannot be loaded is not an error either: the binary must run anywhere. On success
-// *note is cleared. Throws gradguard::Error (bad input, telemetry.backend) only for an
-// unknown backend name.
-std::unique_ptr<GpuMonitor> open_gpu_monitor(const std::string& backend, std::string* note);
+// *note is cleared.
+std::unique_ptr<GpuMonitor> open_gpu_monitor(TelemetryBackend backend, std::string* note);
 
 // Samples the process and the GPUs, on a background thread or on request.
 // All public methods are thread-safe.

@@ -12,15 +12,16 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "gradguard/guard/guarded_step.h"
 #include "gradguard/telemetry/telemetry.h"
 
-namespace gradguard::report {
+namespace gradguard::telemetry {
 class EventWriter;
 }
 
 namespace gradguard::train {
 
-// The fields DESIGN.md promises for every optimizer step.
+// The fields docs/design.md promises for every optimizer step.
 struct StepMetrics {
   int64_t step = 0;          // 0-based optimizer step
   double loss = 0;           // mean target-token loss of the global batch (nats/token)
@@ -36,6 +37,10 @@ struct StepMetrics {
   double noise_scale = std::numeric_limits<double>::quiet_NaN();  // B_simple estimate (sequences); NaN = not measured
   std::vector<std::pair<std::string, double>> layer_grad_norms;  // [layer group] unscaled L2 norm
 };
+
+// The step fields of a guarded step's outcome (tokens, tokens_per_s and elapsed_s are
+// the loop's to fill in); `layer_names` label the per-layer norms ([layer group]).
+StepMetrics step_metrics(const guard::StepOutcome& outcome, const std::vector<std::string>& layer_names);
 
 class MetricsWriter {
  public:
@@ -58,6 +63,10 @@ class MetricsWriter {
   // The same line from a sample already in JSON form (another rank's, sent as text).
   void write_telemetry(int64_t step, const nlohmann::ordered_json& fields, int64_t rank = -1);
   void write(const nlohmann::ordered_json& line);  // any other event line
+  // The event lines of a guarded step, in the order they happened: the skip of a step
+  // with non-finite gradients, every anomaly, the recovery decision (with its snapshot),
+  // the noise-scale warning. Returns the number of anomaly lines.
+  int64_t write_events(const guard::StepOutcome& outcome, int64_t global_batch);
   std::vector<std::string> recent() const { return {recent_.begin(), recent_.end()}; }  // oldest first
   std::string events_path() const;  // the TensorBoard event file ("" = none)
 
@@ -66,7 +75,7 @@ class MetricsWriter {
   std::FILE* file_ = nullptr;
   size_t keep_recent_ = 0;
   std::deque<std::string> recent_;  // [last keep_recent_ lines] without the newline
-  std::unique_ptr<report::EventWriter> events_;  // null without tensorboard
+  std::unique_ptr<telemetry::EventWriter> events_;  // null without tensorboard
 };
 
 }  // namespace gradguard::train

@@ -3,51 +3,114 @@
 // optimizer, schedule, clipping and precision options live with their components.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "gradguard/core/choice.h"
+#include "gradguard/core/threads.h"
+
 namespace gradguard::train {
 
 struct RunOptions {
-  std::string name;            // run directory name under `dir`; "" = <model>-<date>-<time>
-  std::string dir = "runs";    // parent of run directories
-  uint64_t seed = 1234;        // seeds weight init, data shuffling and dropout-free sampling
-  std::string device = "cpu";  // cpu | cuda | cuda:N (auto = cuda when available)
-  int64_t threads = 0;         // CPU threads; 0 = all cores (this rank's share of them)
-  std::string thread_pool = "auto";  // who gets them: aten | blas | auto (core/threads.h);
-                                     // the other pool runs on one thread
-  bool overwrite = false;      // false: refuse a run directory that already has a run in it
+  std::string name;
+  std::string dir = "runs";
+  uint64_t seed = 1234;
+  std::string device = "cpu";
+  int64_t threads = 0;
+  ThreadPool thread_pool = ThreadPool::kAuto;
+  bool overwrite = false;
   void validate() const;
+
+  template <class Field>
+  void fields(Field&& field) {
+    field("name", name, "run directory name under run.dir; a plain name, no '/'; \"\" = <model>-<date>-<time>");
+    field("dir", dir, "parent directory of run directories");
+    field("seed", seed, "seeds weight initialisation, data shuffling and injected faults");
+    field("device", device, "cpu | auto (a GPU when there is one) | cuda | cuda:N");
+    field("threads", threads,
+          "CPU threads; 0 = the CPUs this process may use (affinity, cgroup quota), split between the ranks of a "
+          "node; in [0, 1024]");
+    field("thread_pool", thread_pool,
+          "which pool gets run.threads (the other runs on 1): blas = the BLAS library's (matmuls) | aten = ATen's "
+          "intra-op (elementwise ops) | auto = blas with OpenBLAS, else aten");
+    field("overwrite", overwrite, "true: reuse a run directory that already holds a run (its outputs are removed)");
+  }
 };
 
 struct BatchOptions {
-  int64_t micro_batch = 32;    // sequences per forward/backward (per rank), >= 1
-  int64_t accum_steps = 4;     // micro-batches accumulated per optimizer step, >= 1
-  int64_t global_batch = 0;    // sequences per optimizer step; 0 = micro_batch*accum_steps*ranks,
-                               // > 0 sets accum_steps = global_batch / (micro_batch*ranks)
-  bool require_pow2 = false;   // reject micro_batch / accum_steps / global_batch not a power of 2
+  int64_t micro_batch = 32;
+  int64_t accum_steps = 4;
+  int64_t global_batch = 0;
+  bool require_pow2 = false;
+  // Set by Config::finalize when global_batch was 0: it is then micro_batch x
+  // accum_steps x ranks whenever the rank count becomes known. Not a config key.
+  bool global_from_accum = false;
   void validate() const;
+
+  template <class Field>
+  void fields(Field&& field) {
+    field("micro_batch", micro_batch, "sequences per forward/backward on each rank; >= 1");
+    field("accum_steps", accum_steps, "micro-batches accumulated per optimizer step on each rank; >= 1");
+    field("global_batch", global_batch,
+          "sequences per optimizer step over all ranks; 0 = micro_batch x accum_steps x ranks; > 0 sets "
+          "accum_steps = global_batch / (micro_batch x ranks), which must divide");
+    field("require_pow2", require_pow2, "reject micro_batch, accum_steps or global_batch that are not powers of 2");
+  }
 };
 
 struct EvalOptions {
-  int64_t every = 50;          // validate every N optimizer steps (and after the last); 0 = only at the end
-  int64_t batches = 8;         // validation micro-batches per evaluation, >= 1
+  int64_t every = 50;
+  int64_t batches = 8;
   void validate() const;
+
+  template <class Field>
+  void fields(Field&& field) {
+    field("every", every, "validate every N optimizer steps (and after the last); 0 = only at the start and end");
+    field("batches", batches, "validation micro-batches per evaluation; >= 1");
+  }
 };
 
 struct CheckpointOptions {
-  int64_t every = 0;           // save every N optimizer steps; 0 = only the final checkpoint
-  int64_t keep_last = 3;       // periodic checkpoints kept; 0 keeps all (the final one is always kept)
+  int64_t every = 0;
+  int64_t keep_last = 3;
   void validate() const;
+
+  template <class Field>
+  void fields(Field&& field) {
+    field("every", every, "save every N optimizer steps; 0 = only the final checkpoint");
+    field("keep_last", keep_last, "periodic checkpoints kept (the final one always is); 0 keeps all");
+  }
 };
 
+// log.progress: how progress is shown (train/progress.h).
+enum class ProgressMode { kAuto, kBar, kLines, kJsonl, kQuiet };
+constexpr std::array<Choice<ProgressMode>, 6> choices(ProgressMode) {
+  return {{{ProgressMode::kAuto, "auto"},
+           {ProgressMode::kBar, "bar"},
+           {ProgressMode::kLines, "lines"},
+           {ProgressMode::kJsonl, "jsonl"},
+           {ProgressMode::kQuiet, "quiet"},
+           {ProgressMode::kQuiet, "none"}}};
+}
+
 struct LogOptions {
-  int64_t every = 10;          // plain progress line every N steps (bar mode redraws every step)
-  std::string progress = "auto";  // auto (bar on a terminal, lines otherwise) | bar | lines | jsonl | quiet
-  bool report = true;             // write report.html into the run directory when the run ends (or halts)
-  bool tensorboard = true;        // write TensorBoard events.out.tfevents.* into the run directory, live
+  int64_t every = 10;
+  ProgressMode progress = ProgressMode::kAuto;
+  bool report = true;
+  bool tensorboard = true;
   void validate() const;
+
+  template <class Field>
+  void fields(Field&& field) {
+    field("every", every, "a plain progress line every N steps (the bar redraws every step); >= 1");
+    field("progress", progress,
+          "auto (a bar on a terminal, else lines) | bar | lines | jsonl (one JSON object per step on stdout) | "
+          "quiet (the summary only; none is the same)");
+    field("report", report, "write report.html into the run directory when the run ends or halts");
+    field("tensorboard", tensorboard, "write TensorBoard event files into the run directory as it runs");
+  }
 };
 
 }  // namespace gradguard::train

@@ -13,13 +13,14 @@
 #include <string>
 
 #include "gradguard/train/metrics.h"
+#include "gradguard/train/options.h"
 
 namespace gradguard::train {
 
 class Progress {
  public:
-  // mode: auto | bar | lines | jsonl | quiet | none (see LogOptions). Writes to `out`.
-  Progress(const std::string& mode, int64_t total_steps, int64_t every, std::FILE* out = stdout);
+  // `mode`: log.progress (see LogOptions). Writes to `out`.
+  Progress(ProgressMode mode, int64_t total_steps, int64_t every, std::FILE* out = stdout);
   // `anomalies`: anomaly events so far in this run (shown when > 0).
   void step(const StepMetrics& m, int64_t anomalies = 0);
   void line(const std::string& text);  // a message on its own line

@@ -1,8 +1,7 @@
-// The training loop (first version): builds the model, data, optimizer and schedule from
-// a validated Config, creates the run directory, and runs the guarded-step skeleton of
-// DESIGN.md: accumulate over micro-batches, measure and clip the gradients, step, log,
-// validate, checkpoint. Non-finite gradients skip the optimizer step instead of
-// poisoning the weights.
+// The trainer: builds the model, data, optimizer, schedule and guard from a validated
+// Config, creates (or resumes) the run directory, and runs the loop of docs/design.md
+// with one guard::GuardedStep per optimizer step: accumulate over micro-batches, the
+// guarded step, log, validate, checkpoint.
 #pragma once
 
 #include <cstdio>
@@ -16,9 +15,9 @@ namespace gradguard::train {
 struct TrainResult {
   std::string run_dir;
   std::string checkpoint_dir;   // the final checkpoint
-  std::string report;           // report.html written at the end ("" = log.report off, or not rank 0)
   int64_t steps = 0;            // optimizer steps completed (including those before a resume)
   int64_t resumed_from = -1;    // step the run resumed from; -1 for a fresh run
+  bool complete = false;        // a resumed run that had already finished: nothing ran, nothing changed
   int64_t skipped_steps = 0;    // optimizer updates not applied (overflows and anomalies)
   int64_t anomalies = 0;        // anomaly events (warnings included)
   int64_t recovery_actions = 0; // actions the recovery ladder took
@@ -46,17 +45,18 @@ class Trainer {
   // With `resume_run_dir` set, the run continues in that directory from its newest
   // checkpoint that verifies (falling back past corrupt ones, each reported), and
   // metrics.jsonl is cut back to that step; on CPU in fp32 the continuation is
-  // bit-identical to an uninterrupted run.
+  // bit-identical to an uninterrupted run. A run whose checkpoint is at
+  // schedule.total_steps is complete: run() then changes nothing and reports it.
   explicit Trainer(config::Config config, std::FILE* out = stdout, const std::string& resume_run_dir = "");
   ~Trainer();
 
   TrainResult run();
   const config::Config& config() const;
   const std::string& run_dir() const;
+  int64_t rank() const;  // this process's data-parallel rank (0 for a single process)
 
  private:
   TrainResult run_steps();
-  std::string write_report();  // report.html of the run so far; "" when off or not rank 0
   struct State;
   std::unique_ptr<State> s_;
 };
