@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "gradguard/core/error.h"
+#include "gradguard/core/json_read.h"
 
 namespace gradguard::amp {
 namespace {
@@ -20,7 +21,6 @@ bool finite_positive(double v) {
   return std::isfinite(v) && v > 0;
 }
 
-const char* kStateWhere = "loss scaler state";
 
 }  // namespace
 
@@ -118,32 +118,32 @@ nlohmann::json LossScaler::state_dict() const {
           {"skipped_steps", skipped_steps_}};
 }
 
-void LossScaler::load_state_dict(const nlohmann::json& state) {
+void LossScaler::load_state_dict(const nlohmann::json& state, const std::string& where) {
   if (!state.is_object())
-    throw bad_input(kStateWhere, "must be a JSON object, got " + std::string(state.type_name()));
+    throw bad_input(where, "must be a JSON object, got " + std::string(state.type_name()));
   auto field = [&](const char* key) -> const nlohmann::json& {
     auto it = state.find(key);
-    if (it == state.end()) throw bad_input(kStateWhere, std::string("missing field '") + key + "'");
+    if (it == state.end()) throw bad_input(where, std::string("missing field '") + key + "'");
     return *it;
   };
   auto count = [&](const char* key) -> int64_t {
     const auto& v = field(key);
     if (!v.is_number_integer() || v.get<int64_t>() < 0)
-      throw bad_input(kStateWhere,
-                      std::string("field '") + key + "' must be an integer >= 0, got " + v.dump());
+      throw bad_input(where,
+                      std::string("field '") + key + "' must be an integer >= 0, got " + describe(v));
     return v.get<int64_t>();
   };
 
   const auto& mode = field("mode");
   if (!mode.is_string())
-    throw bad_input(kStateWhere, "field 'mode' must be a string, got " + mode.dump());
+    throw bad_input(where, "field 'mode' must be a string, got " + describe(mode));
   if (mode.get<std::string>() != name_of(mode_))
-    throw bad_input(kStateWhere, "saved with loss scaler mode '" + mode.get<std::string>() +
+    throw bad_input(where, "saved with loss scaler mode '" + mode.get<std::string>() +
                                      "' but this run's mode is '" + name_of(mode_) +
                                      "' (check amp.dtype and amp.scaler.mode)");
   const auto& scale = field("scale");
   if (!scale.is_number() || !finite_positive(scale.get<double>()))
-    throw bad_input(kStateWhere, "field 'scale' must be a finite number > 0, got " + scale.dump());
+    throw bad_input(where, "field 'scale' must be a finite number > 0, got " + describe(scale));
   const int64_t tracker = count("growth_tracker");
   const int64_t hysteresis_left = count("hysteresis_left");
   const int64_t overflows_at_min = count("overflows_at_min");

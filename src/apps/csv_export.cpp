@@ -127,6 +127,7 @@ CsvExport write_csv(const std::string& metrics_path, const std::string& out_dir)
   std::vector<int64_t> row_steps;          // [steps row] step
   std::map<int64_t, std::string> pending;  // step -> val_loss cell not yet on a row
   Table telemetry("step");
+  CsvExport result;
 
   telemetry::for_each_metrics_line(metrics_path, [&](int64_t, const Json& line) {
     const telemetry::MetricsLineKind kind = telemetry::classify_metrics_line(line);
@@ -158,7 +159,7 @@ CsvExport write_csv(const std::string& metrics_path, const std::string& out_dir)
       for (const auto& [key, value] : line.items())
         if (key != "step" && key != "event") telemetry.set_value(row, key, value);
     }
-  });
+  }, [&](int64_t, const std::string& why) { result.skipped.push_back(why); });
 
   // Validation lines no later step line picked up: the last row of their step, when its
   // cell is free, or a row of their own.
@@ -175,7 +176,6 @@ CsvExport write_csv(const std::string& metrics_path, const std::string& out_dir)
     val_cells.push_back(cell);
   }
 
-  CsvExport result;
   result.steps_path = out_dir + "/steps.csv";
   result.telemetry_path = out_dir + "/telemetry.csv";
   result.step_rows = static_cast<int64_t>(steps.rows());

@@ -17,6 +17,7 @@
 
 #include "gradguard/core/error.h"
 #include "gradguard/core/fs.h"
+#include "gradguard/core/json_read.h"
 #include "gradguard/core/json_number.h"
 #include "gradguard/core/stats.h"
 #include "gradguard/core/run_dir.h"
@@ -190,14 +191,13 @@ nlohmann::ordered_json collect_report_data(const std::string& run_dir, const Htm
   std::string line;
   for (int64_t n = 1; std::getline(in, line); ++n) {
     if (line.empty()) continue;
-    Json j;
-    try {
-      j = Json::parse(line);
-    } catch (const nlohmann::json::exception&) {
+    const auto parsed = try_parse_ordered_json(line);
+    if (!parsed) {
       problems.push_back("metrics.jsonl line " + std::to_string(n) + " is not JSON (" + line.substr(0, 60) +
                          (line.size() > 60 ? "…" : "") + "); left out");
       continue;
     }
+    const Json& j = *parsed;
     if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) {
       problems.push_back("metrics.jsonl line " + std::to_string(n) + " has no integer \"step\"; left out");
       continue;
@@ -209,16 +209,16 @@ nlohmann::ordered_json collect_report_data(const std::string& run_dir, const Htm
         telemetry[j.contains("rank") && j["rank"].is_number_integer() ? j["rank"].get<int64_t>() : -1].add(j);
       } else if (event == "anomaly") {
         anomalies.push_back(Json{{"step", step},
-                                 {"kind", j.value("kind", "?")},
-                                 {"severity", j.value("severity", "?")},
-                                 {"message", j.value("message", "")},
+                                 {"kind", string_field(j, "kind", "?")},
+                                 {"severity", string_field(j, "severity", "?")},
+                                 {"message", string_field(j, "message")},
                                  {"action", nullptr},
                                  {"diagnosis", nullptr}});
       } else if (event == "recovery") {
         // The action answers the primary anomaly of the same step: the last one logged.
         for (auto it = anomalies.rbegin(); it != anomalies.rend(); ++it)
-          if ((*it)["step"] == step && (*it)["kind"] == j.value("anomaly", "")) {
-            (*it)["action"] = j.value("action", "");
+          if ((*it)["step"] == step && (*it)["kind"] == string_field(j, "anomaly")) {
+            (*it)["action"] = string_field(j, "action");
             break;
           }
       } else if (event == "rollback") {

@@ -15,6 +15,7 @@
 #include "gradguard/checkpoint/safetensors.h"
 #include "gradguard/config/config.h"
 #include "gradguard/core/error.h"
+#include "gradguard/core/json_read.h"
 #include "gradguard/core/json_number.h"
 #include "gradguard/core/fs.h"
 #include "gradguard/train/step.h"
@@ -56,12 +57,7 @@ ReplayReport replay_snapshot(const std::string& dir, const ReplayOptions& option
   if (!(options.rtol > 0)) throw bad_input("--rtol", "must be > 0, got " + format_number(options.rtol));
   for (const char* f : {"state.json", "config.yaml", "batch.safetensors", "model/config.json"})
     if (!fs::exists(dir + "/" + f)) throw bad_input(dir, std::string("not a snapshot: ") + f + " is missing");
-  nlohmann::json state;
-  try {
-    state = nlohmann::json::parse(fs::read_file(dir + "/state.json"));
-  } catch (const nlohmann::json::exception& e) {
-    throw bad_input(dir + "/state.json", std::string("malformed: ") + e.what());
-  }
+  const nlohmann::json state = read_json_file(dir + "/state.json");
   auto cfg = config::load_config(dir + "/config.yaml", {});
   ReplayReport r;
   r.snapshot = dir;
@@ -77,6 +73,11 @@ ReplayReport replay_snapshot(const std::string& dir, const ReplayOptions& option
     r.recorded_nonfinite = state.at("nonfinite").get<bool>();
     loss_scale = state.at("loss_scale").get<double>();
     total_tokens = state.at("tokens_per_step").get<int64_t>();
+    if (!(loss_scale > 0) || !std::isfinite(loss_scale))
+      throw bad_input(dir + "/state.json", "loss_scale must be a finite number > 0, got " + format_number(loss_scale));
+    if (total_tokens <= 0)
+      throw bad_input(dir + "/state.json", "tokens_per_step must be > 0, got " + std::to_string(total_tokens));
+    if (r.step < 0) throw bad_input(dir + "/state.json", "step must be >= 0, got " + std::to_string(r.step));
     for (const auto& x : state.at("micro_losses"))
       recorded_micro.push_back(x.is_number() ? x.get<double>() : std::numeric_limits<double>::quiet_NaN());
   } catch (const nlohmann::json::exception& e) {
@@ -91,9 +92,21 @@ ReplayReport replay_snapshot(const std::string& dir, const ReplayOptions& option
   if (inputs.dim() != 3 || !inputs.sizes().equals(targets.sizes()) || sample_index.dim() != 2 ||
       sample_index.size(0) != inputs.size(0) || sample_index.size(1) != inputs.size(1))
     throw bad_input(dir + "/batch.safetensors", "inputs/targets must be [accum, micro, T] and sample_index [accum, micro]");
+  if (inputs.numel() == 0)
+    throw bad_input(dir + "/batch.safetensors", "holds no tokens (no micro-batch or empty ones): nothing to replay");
+  const auto model_options = checkpoint::read_hf_config(dir + "/model", cfg.model);
+  for (const auto& [name, t] : {std::pair<const char*, at::Tensor>{"inputs", inputs}, {"targets", targets}}) {
+    if (t.scalar_type() != torch::kLong && t.scalar_type() != torch::kInt)
+      throw bad_input(dir + "/batch.safetensors", std::string(name) + " must hold integer token ids");
+    const int64_t lo = t.min().item<int64_t>(), hi = t.max().item<int64_t>();
+    if (lo < 0 || hi >= model_options.vocab_size)
+      throw bad_input(dir + "/batch.safetensors", std::string(name) + " hold token ids in [" + std::to_string(lo) +
+                                                      ", " + std::to_string(hi) + "], outside the vocabulary [0, " +
+                                                      std::to_string(model_options.vocab_size) + ")");
+  }
 
   const torch::Device device(options.device == "cpu" ? std::string("cpu") : options.device);
-  auto model = model::LlamaForCausalLM(checkpoint::read_hf_config(dir + "/model", cfg.model));
+  auto model = model::LlamaForCausalLM(model_options);
   checkpoint::load_hf_weights(dir + "/model", *model);
   model->to(device);
   model->train();

@@ -21,6 +21,7 @@
 
 #include "gradguard/config/config.h"
 #include "gradguard/core/error.h"
+#include "gradguard/core/json_read.h"
 #include "gradguard/core/run_dir.h"
 #include "gradguard/core/json_number.h"
 #include "gradguard/core/fs.h"
@@ -60,15 +61,17 @@ SetupResult analyse_run(const std::string& path, const std::vector<int64_t>& inj
   double elapsed = 0;
   std::istringstream in(fs::read_file(path));
   for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.contains("step")) continue;
+    const auto parsed = try_parse_json(line);
+    if (!parsed || !parsed->is_object() || !parsed->contains("step") || !(*parsed)["step"].is_number_integer())
+      continue;  // not a line of ours: a crash's half line, a hand edit
+    const auto& j = *parsed;
     const int64_t step = j["step"].get<int64_t>();
-    if (j.value("event", "") == "rollback") ++r.rollbacks;
+    if (string_field(j, "event") == "rollback") ++r.rollbacks;
     if (j.contains("val_loss") && j["val_loss"].is_number()) r.final_val_loss = j["val_loss"];
     if (j.contains("event") || !j.contains("loss")) continue;
     ++r.steps;
-    if (j.value("skipped", false)) ++r.skipped;
-    elapsed = j.value("elapsed_s", elapsed);
+    if (bool_field(j, "skipped")) ++r.skipped;
+    if (j.contains("elapsed_s") && j["elapsed_s"].is_number()) elapsed = j["elapsed_s"].get<double>();
     final_loss[step] = j["loss"].is_number() ? j["loss"].get<double>() : std::numeric_limits<double>::quiet_NaN();
   }
   if (r.steps == 0) throw bad_input(path, "holds no step lines");

@@ -16,6 +16,7 @@
 #include "gradguard/apps/seed.h"
 #include "gradguard/config/config.h"
 #include "gradguard/core/error.h"
+#include "gradguard/core/json_read.h"
 #include "gradguard/core/run_dir.h"
 #include "gradguard/core/fs.h"
 #include "gradguard/core/json_number.h"
@@ -79,9 +80,10 @@ void analyse_probe(const std::string& metrics_path, Probe* p) {
   std::vector<double> noise;
   std::istringstream in(fs::read_file(metrics_path));
   for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) continue;
-    if (j.value("event", "") == "anomaly" && j.value("severity", "") == "critical") ++p->critical;
+    const auto parsed = try_parse_json(line);
+    if (!parsed || !parsed->is_object()) continue;
+    const auto& j = *parsed;
+    if (string_field(j, "event") == "anomaly" && string_field(j, "severity") == "critical") ++p->critical;
     if (j.contains("event") || !j.contains("loss")) continue;
     ++step_lines;
     last_finite = j["loss"].is_number() && std::isfinite(j["loss"].get<double>());

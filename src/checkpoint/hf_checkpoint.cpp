@@ -13,6 +13,7 @@
 
 #include "gradguard/checkpoint/safetensors.h"
 #include "gradguard/core/error.h"
+#include "gradguard/core/json_read.h"
 #include "gradguard/core/fs.h"
 
 namespace gradguard::checkpoint {
@@ -28,13 +29,8 @@ std::map<std::string, at::Tensor> load_all_tensors(const std::string& dir, std::
     return load_safetensors(single).tensors;
   }
   *source = index_path;
-  nlohmann::json index;
-  try {
-    index = nlohmann::json::parse(fs::read_file(index_path));
-  } catch (const nlohmann::json::exception& e) {
-    throw bad_input(index_path, std::string("not valid JSON: ") + e.what());
-  }
-  if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
+  const nlohmann::json index = read_json_file(index_path);
+  if (!index.contains("weight_map") || !index["weight_map"].is_object())
     throw bad_input(index_path, "has no \"weight_map\" object");
   std::map<std::string, std::string> file_of;  // tensor -> shard file
   for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
@@ -109,32 +105,27 @@ void save_hf_model(const std::string& dir, model::LlamaForCausalLMImpl& model, i
 
 model::LlamaOptions read_hf_config(const std::string& dir, const model::LlamaOptions& base) {
   const std::string path = dir + "/config.json";
-  nlohmann::json cfg;
-  try {
-    cfg = nlohmann::json::parse(fs::read_file(path));
-  } catch (const nlohmann::json::exception& e) {
-    throw bad_input(path, std::string("not valid JSON: ") + e.what());
-  }
-  if (!cfg.is_object()) throw bad_input(path, "must hold a JSON object");
+  const nlohmann::json cfg = read_json_file(path);
   auto get_int = [&](const char* key, std::optional<int64_t> fallback) -> int64_t {
     if (!cfg.contains(key)) {
       if (fallback) return *fallback;
       throw bad_input(path, std::string("missing key '") + key + "'");
     }
     if (!cfg[key].is_number_integer())
-      throw bad_input(path, std::string("key '") + key + "' must be an integer, got " + cfg[key].dump());
+      throw bad_input(path, std::string("key '") + key + "' must be an integer, got " + describe(cfg[key]));
     return cfg[key].get<int64_t>();
   };
   auto get_num = [&](const char* key, double fallback) -> double {
-    if (!cfg.contains(key) || cfg[key].is_null()) return fallback;
+    if (!cfg.contains(key)) return fallback;
+    // null is what JSON makes of inf or NaN: not the default, a value lost.
     if (!cfg[key].is_number())
-      throw bad_input(path, std::string("key '") + key + "' must be a number, got " + cfg[key].dump());
+      throw bad_input(path, std::string("key '") + key + "' must be a number, got " + describe(cfg[key]));
     return cfg[key].get<double>();
   };
   if (cfg.contains("model_type") && cfg["model_type"] != "llama")
-    throw bad_input(path, "model_type " + cfg["model_type"].dump() + " is not supported (only \"llama\")");
+    throw bad_input(path, "model_type " + describe(cfg["model_type"]) + " is not supported (only \"llama\")");
   if (cfg.contains("hidden_act") && cfg["hidden_act"] != "silu")
-    throw bad_input(path, "hidden_act " + cfg["hidden_act"].dump() + " is not supported (only \"silu\")");
+    throw bad_input(path, "hidden_act " + describe(cfg["hidden_act"]) + " is not supported (only \"silu\")");
   model::LlamaOptions o = base;
   o.hidden_size = get_int("hidden_size", std::nullopt);
   o.intermediate_size = get_int("intermediate_size", std::nullopt);
@@ -147,6 +138,8 @@ model::LlamaOptions read_hf_config(const std::string& dir, const model::LlamaOpt
   o.rope_theta = get_num("rope_theta", 10000.0);
   if (cfg.contains("rope_scaling") && !cfg["rope_scaling"].is_null())
     throw bad_input(path, "rope_scaling is not supported");
+  if (cfg.contains("tie_word_embeddings") && !cfg["tie_word_embeddings"].is_boolean())
+    throw bad_input(path, "key 'tie_word_embeddings' must be true or false, got " + describe(cfg["tie_word_embeddings"]));
   o.tie_embeddings = cfg.value("tie_word_embeddings", false);
   try {
     o.validate();

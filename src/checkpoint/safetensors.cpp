@@ -20,6 +20,7 @@
 #include <torch/torch.h>
 
 #include "gradguard/core/error.h"
+#include "gradguard/core/json_read.h"
 #include "gradguard/core/fs.h"
 
 namespace gradguard::checkpoint {
@@ -105,13 +106,11 @@ SafetensorsHeader parse_safetensors_header(const std::string& path, const char* 
     throw bad_input(path, "safetensors header length " + std::to_string(header_len) +
                               " runs past the end of the file (" + std::to_string(size) +
                               " bytes): truncated?");
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(data + 8, data + 8 + header_len);
-  } catch (const nlohmann::json::exception& e) {
-    throw bad_input(path, std::string("safetensors header is not valid JSON: ") + e.what());
-  }
-  if (!header.is_object()) throw bad_input(path, "safetensors header is not a JSON object");
+  JsonLimits limits;
+  limits.max_bytes = kSafetensorsMaxHeaderBytes;
+  limits.max_depth = 8;  // {name: {dtype, shape: [..], data_offsets: [..]}}: 3 levels
+  const nlohmann::json header =
+      parse_json(std::string_view(data + 8, header_len), path + ": safetensors header", limits);
 
   SafetensorsHeader out;
   out.data_start = 8 + header_len;

@@ -11,6 +11,7 @@
 #include "gradguard/checkpoint/hf_checkpoint.h"
 #include "gradguard/core/crc32c.h"
 #include "gradguard/core/error.h"
+#include "gradguard/core/json_read.h"
 #include "gradguard/core/fs.h"
 #include "gradguard/core/run_dir.h"
 
@@ -34,22 +35,24 @@ void fsync_path(const std::string& path) {
   ::close(fd);
 }
 
-nlohmann::json read_json(const std::string& path) {
-  try {
-    return nlohmann::json::parse(fs::read_file(path));
-  } catch (const nlohmann::json::exception& e) {
-    throw bad_input(path, std::string("not valid JSON: ") + e.what());
-  }
-}
+nlohmann::json read_json(const std::string& path) { return read_json_file(path); }
 
 // Checks the HF config.json of a checkpoint against the model being resumed.
 void check_architecture(const std::string& dir, const model::LlamaOptions& current) {
-  auto saved = read_hf_config(dir, current);
+  const std::string difference = architecture_difference(dir, current);
+  if (!difference.empty())
+    throw bad_input(dir + "/config.json", "the checkpoint has " + difference +
+                                              ": the model changed between save and resume");
+}
+
+}  // namespace
+
+std::string architecture_difference(const std::string& dir, const model::LlamaOptions& current) {
+  const auto saved = read_hf_config(dir, current);
+  std::string out;
   auto differ = [&](const char* key, auto a, auto b) {
-    if (a != b)
-      throw bad_input(dir + "/config.json", std::string("the checkpoint has ") + key + " = " + std::to_string(a) +
-                                                " but the configuration asks for " + std::to_string(b) +
-                                                ": the model changed between save and resume");
+    if (a != b && out.empty())
+      out = std::string(key) + " = " + std::to_string(a) + " but the configuration asks for " + std::to_string(b);
   };
   differ("model.vocab_size", saved.vocab_size, current.vocab_size);
   differ("model.hidden_size", saved.hidden_size, current.hidden_size);
@@ -58,9 +61,8 @@ void check_architecture(const std::string& dir, const model::LlamaOptions& curre
   differ("model.num_heads", saved.num_heads, current.num_heads);
   differ("model.num_kv_heads", saved.num_kv_heads, current.num_kv_heads);
   differ("model.tie_embeddings", saved.tie_embeddings, current.tie_embeddings);
+  return out;
 }
-
-}  // namespace
 
 std::string save_checkpoint(const std::string& root, int64_t step, model::LlamaForCausalLMImpl& model,
                             torch::optim::Optimizer& optimizer, const nlohmann::json& trainer_state,
@@ -72,10 +74,27 @@ std::string save_checkpoint(const std::string& root, int64_t step, model::LlamaF
     stdfs::create_directories(tmp);
     save_hf_model(tmp.string(), model);
     {
+      // The archive goes through our own file writer. LibTorch's file writer throws
+      // from its destructor when a write has failed (a full disk): during the unwinding
+      // of its own first exception that is std::terminate. So the first failure is
+      // remembered here, LibTorch is told every write succeeded, and the error is raised
+      // afterwards, from our side.
       torch::serialize::OutputArchive archive;
       optimizer.save(archive);
-      archive.save_to((tmp / "optimizer.pt").string());
-      fsync_path((tmp / "optimizer.pt").string());
+      fs::AtomicFile file((tmp / "optimizer.pt").string());
+      std::exception_ptr failure;
+      archive.save_to([&](const void* data, size_t n) -> size_t {
+        if (!failure) {
+          try {
+            file.write(data, n);
+          } catch (...) {
+            failure = std::current_exception();
+          }
+        }
+        return n;
+      });
+      if (failure) std::rethrow_exception(failure);
+      file.commit();
     }
     fs::write_file_atomic((tmp / "trainer_state.json").string(), trainer_state.dump(1) + "\n");
     fs::write_file_atomic((tmp / "config.yaml").string(), config_yaml);
@@ -98,11 +117,17 @@ std::string save_checkpoint(const std::string& root, int64_t step, model::LlamaF
                                                 "); earlier checkpoints are intact");
   }
   if (keep_last > 0) {
+    // Pruning is housekeeping: the new checkpoint is complete, so a directory that cannot
+    // be listed or removed is left where it is.
     std::vector<stdfs::path> dirs;
-    for (const auto& e : stdfs::directory_iterator(root))
-      if (e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0) dirs.push_back(e.path());
+    std::error_code ec;
+    for (stdfs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+      std::error_code type_ec;
+      if (it->is_directory(type_ec) && it->path().filename().string().rfind("step-", 0) == 0)
+        dirs.push_back(it->path());
+    }
     std::sort(dirs.begin(), dirs.end());
-    for (size_t i = 0; i + keep_last < dirs.size(); ++i) stdfs::remove_all(dirs[i]);
+    for (size_t i = 0; i + keep_last < dirs.size(); ++i) stdfs::remove_all(dirs[i], ec);
   }
   return final_dir.string();
 }
@@ -110,47 +135,74 @@ std::string save_checkpoint(const std::string& root, int64_t step, model::LlamaF
 void verify_checkpoint(const std::string& dir) {
   const std::string manifest_path = dir + "/manifest.json";
   if (!fs::exists(manifest_path)) throw bad_input(manifest_path, "missing: not a complete checkpoint");
-  auto manifest = read_json(manifest_path);
-  if (!manifest.contains("files") || !manifest["files"].is_object())
-    throw bad_input(manifest_path, "has no \"files\" object");
+  const auto manifest = read_json(manifest_path);
+  const JsonReader files = JsonReader(manifest, manifest_path).object("files");
   for (const char* name : kFiles) {
     const std::string path = dir + "/" + name;
-    if (!manifest["files"].contains(name)) throw bad_input(manifest_path, std::string("does not list ") + name);
-    const auto& entry = manifest["files"][name];
+    if (!files.has(name)) throw bad_input(manifest_path, std::string("does not list ") + name);
+    const JsonReader entry = files.object(name);
+    const int64_t listed_size = entry.integer("size", 0);
+    const int64_t listed_crc = entry.integer("crc32c", 0, 0xffffffffLL);
     if (!fs::exists(path)) throw bad_input(path, "missing (listed in the manifest)");
     uint64_t size = 0;
     const uint32_t crc = crc32c_file(path, &size);
-    if (!entry.contains("size") || entry["size"] != size)
+    if (static_cast<uint64_t>(listed_size) != size)
       throw bad_input(path, "size " + std::to_string(size) + " does not match the manifest (" +
-                                entry.value("size", nlohmann::json()).dump() + "): truncated or replaced");
-    if (!entry.contains("crc32c") || entry["crc32c"] != crc)
+                                std::to_string(listed_size) + "): truncated or replaced");
+    if (static_cast<uint32_t>(listed_crc) != crc)
       throw bad_input(path, "checksum does not match the manifest: the file is corrupt");
   }
 }
 
-std::string find_resumable(const std::string& run_dir, std::vector<std::string>* rejected) {
-  const stdfs::path root = RunDir(run_dir).checkpoints();
-  if (!stdfs::is_directory(root)) throw bad_input(run_dir, "has no checkpoints/ directory to resume from");
+std::vector<std::string> resumable_checkpoints(const std::string& run_dir, std::vector<std::string>* rejected) {
+  const RunDir run(run_dir);
+  const stdfs::path root = run.checkpoints();
+  std::error_code ec;
+  if (!stdfs::is_directory(root, ec)) throw bad_input(run_dir, "has no checkpoints/ directory to resume from");
   std::vector<std::string> candidates;
-  if (fs::exists((root / "latest").string())) {
-    std::string name = fs::read_file((root / "latest").string());
-    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-    if (!name.empty() && name.find('/') == std::string::npos) candidates.push_back((root / name).string());
+  auto reject = [&](const std::string& why) {
+    if (rejected != nullptr) rejected->push_back(why);
+  };
+  const std::string latest = run.latest_checkpoint_link();
+  if (fs::exists(latest)) {
+    try {
+      std::string name = fs::read_file(latest, 256);
+      while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+      if (!name.empty() && name.find('/') == std::string::npos && name != "." && name != "..")
+        candidates.push_back((root / name).string());
+      else
+        reject(latest + ": does not name a checkpoint directory");
+    } catch (const Error& e) {
+      reject(e.what());
+    }
   }
   std::vector<std::string> dirs;
-  for (const auto& e : stdfs::directory_iterator(root))
-    if (e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0) dirs.push_back(e.path().string());
+  for (stdfs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code type_ec;
+    if (it->is_directory(type_ec) && it->path().filename().string().rfind("step-", 0) == 0)
+      dirs.push_back(it->path().string());
+  }
+  if (ec) reject(root.string() + ": cannot be listed completely (" + ec.message() + ")");
   std::sort(dirs.rbegin(), dirs.rend());
-  candidates.insert(candidates.end(), dirs.begin(), dirs.end());
+  for (const auto& d : dirs)
+    if (std::find(candidates.begin(), candidates.end(), d) == candidates.end()) candidates.push_back(d);
+  std::vector<std::string> good;
   for (const auto& dir : candidates) {
     try {
       verify_checkpoint(dir);
-      return dir;
+      good.push_back(dir);
     } catch (const Error& e) {
-      if (rejected != nullptr) rejected->push_back(e.what());
+      reject(e.what());
+    } catch (const stdfs::filesystem_error& e) {
+      reject(dir + ": " + e.what());
     }
   }
-  throw bad_input(run_dir, "no checkpoint verifies against its manifest; nothing to resume from");
+  if (good.empty()) throw bad_input(run_dir, "no checkpoint verifies against its manifest; nothing to resume from");
+  return good;
+}
+
+std::string find_resumable(const std::string& run_dir, std::vector<std::string>* rejected) {
+  return resumable_checkpoints(run_dir, rejected).front();
 }
 
 CheckpointContents load_checkpoint(const std::string& dir, model::LlamaForCausalLMImpl& model,

@@ -9,6 +9,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <charconv>
+#include <cmath>
 #include <functional>
 #include <sstream>
 #include <variant>
@@ -18,6 +19,8 @@
 
 namespace gradguard::config {
 namespace {
+
+constexpr size_t kMaxConfigBytes = size_t{16} << 20;  // a config file is a few KiB; this bounds a hostile one
 
 // A choice key, type-erased: the enum behind it is parsed and printed through its
 // choices() table (core/choice.h).
@@ -179,6 +182,8 @@ std::string node_text(const YAML::Node& node) {
   return e.c_str();
 }
 
+// Every number option is finite: inf and NaN (and 1e400, which overflows) are refused
+// here for all of them, whatever each option's own range is.
 double parse_double(const YAML::Node& node, const std::string& where) {
   if (!node.IsScalar()) throw bad_input(where, "expected a number, got " + node_text(node));
   const std::string s = node.Scalar();
@@ -187,9 +192,12 @@ double parse_double(const YAML::Node& node, const std::string& where) {
     size_t used = 0;
     v = std::stod(s, &used);
     if (used != s.size()) throw std::invalid_argument(s);
+  } catch (const std::out_of_range&) {
+    throw bad_input(where, "'" + s + "' is out of range: expected a finite number");
   } catch (const std::exception&) {
     throw bad_input(where, "expected a number, got '" + s + "'");
   }
+  if (!std::isfinite(v)) throw bad_input(where, "expected a finite number, got '" + s + "'");
   return v;
 }
 
@@ -298,7 +306,7 @@ void apply_map(std::vector<Field>& table, const std::vector<std::string>& keys, 
 }
 
 void apply_file(Config& c, const std::string& path) {
-  const std::string text = fs::read_file(path);
+  const std::string text = fs::read_file(path, kMaxConfigBytes);
   YAML::Node root;
   try {
     root = YAML::Load(text);

@@ -7,7 +7,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -80,15 +82,40 @@ void write_file_atomic(const std::string& path, const std::string& contents) {
   f.commit();
 }
 
-std::string read_file(const std::string& path) {
+std::string read_file(const std::string& path, size_t max_bytes) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) throw bad_input(path, "is a directory, not a file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw bad_input(path, "cannot open: " + errno_text());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw bad_input(path, "read failed");
-  return ss.str();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw bad_input(path, "cannot open: " + errno_text());
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw bad_input(path, "cannot stat: " + errno_text());
+  if (!S_ISREG(st.st_mode)) throw bad_input(path, "is not a regular file (a device, FIFO or socket)");
+  if (static_cast<uint64_t>(st.st_size) > max_bytes)
+    throw bad_input(path, "is " + std::to_string(st.st_size) + " bytes, more than the limit of " +
+                              std::to_string(max_bytes));
+  // Read at most one byte past the limit: a file that grows while read is refused too.
+  std::string out;
+  out.resize(static_cast<size_t>(st.st_size));
+  size_t got = 0;
+  for (;;) {
+    if (got == out.size()) {
+      if (out.size() > max_bytes) break;
+      out.resize(std::min(max_bytes + 1, std::max<size_t>(out.size() * 2, 4096)));
+    }
+    const ssize_t n = ::read(fd, out.data() + got, out.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw bad_input(path, "read failed: " + errno_text());
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  if (got > max_bytes)
+    throw bad_input(path, "is more than the limit of " + std::to_string(max_bytes) + " bytes");
+  out.resize(got);
+  return out;
 }
 
 MappedFile::MappedFile(const std::string& path) {

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gradguard/core/error.h"
+#include "gradguard/core/json_read.h"
 #include "gradguard/data/token_file.h"
 
 namespace gradguard::data {
@@ -113,12 +114,7 @@ void read_jsonl(const std::string& path, std::vector<std::string>& docs) {
     begin = end + 1;
     if (is_blank(line)) continue;
     const std::string where = path + ":" + std::to_string(line_no);
-    nlohmann::json value;
-    try {
-      value = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      throw bad_input(where, std::string("not valid JSON (") + e.what() + ")");
-    }
+    const nlohmann::json value = parse_json(line, where, {}, /*require_object=*/false);
     if (!value.is_object() || !value.contains("text") || !value["text"].is_string()) {
       throw bad_input(where, "expected a JSON object with a string \"text\" field");
     }
@@ -267,10 +263,12 @@ PrepareResult prepare_dataset(const PrepareOptions& options, const PrepareProgre
 
   std::vector<std::string> docs;  // [document], in input order
   for (const auto& input : options.inputs) read_input(input, format, docs);
+  // A corpus of blank lines is empty too: it would make token files of separators only.
+  docs.erase(std::remove_if(docs.begin(), docs.end(), [](const std::string& d) { return is_blank(d); }), docs.end());
   if (docs.empty()) {
     std::string where;
     for (const auto& input : options.inputs) where += (where.empty() ? "" : ", ") + input;
-    throw bad_input(where, "the corpus is empty: no text found in the inputs");
+    throw bad_input(where, "the corpus is empty: no text found in the inputs (only blank lines or nothing)");
   }
 
   const double f = options.val_fraction;
@@ -295,8 +293,12 @@ PrepareResult prepare_dataset(const PrepareOptions& options, const PrepareProgre
     }
   }
 
-  write_token_file(result.train_path, train);
-  write_token_file(result.val_path, val);
+  // One id for the pair: training refuses a train file next to a val file of another
+  // run (data::check_same_dataset), so a prepare killed between the two writes cannot
+  // leave a pair that passes for a dataset.
+  const uint64_t id = new_dataset_id();
+  write_token_file(result.train_path, train, id);
+  write_token_file(result.val_path, val, id);
   result.documents = total;
   result.train_tokens = static_cast<int64_t>(train.size());
   result.val_tokens = static_cast<int64_t>(val.size());

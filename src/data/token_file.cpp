@@ -15,9 +15,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <random>
 #include <utility>
 
 #include "gradguard/core/error.h"
@@ -76,7 +78,7 @@ class FdGuard {
 
 }  // namespace
 
-void write_token_file(const std::string& path, const std::vector<uint16_t>& tokens) {
+void write_token_file(const std::string& path, const std::vector<uint16_t>& tokens, uint64_t dataset_id) {
   namespace fs = std::filesystem;
   if (tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
     throw bad_input(path, std::to_string(tokens.size()) +
@@ -112,6 +114,8 @@ void write_token_file(const std::string& path, const std::vector<uint16_t>& toke
   put_le32(header + 0, kTokenFileMagic);
   put_le32(header + 4, kTokenFileVersion);
   put_le32(header + 8, static_cast<int32_t>(tokens.size()));
+  put_le32(header + 12, static_cast<int32_t>(static_cast<uint32_t>(dataset_id & 0xffffffffu)));
+  put_le32(header + 16, static_cast<int32_t>(static_cast<uint32_t>(dataset_id >> 32)));
   if (int err = write_all(fd.get(), header, sizeof(header))) throw fail("cannot write", err);
 
   // Tokens go out in chunks converted to little-endian bytes.
@@ -172,6 +176,8 @@ TokenFile::TokenFile(const std::string& path, int64_t vocab_size) : path_(path) 
     }
     tokens_ = reinterpret_cast<const uint16_t*>(bytes + kTokenFileHeaderBytes);
     num_tokens_ = count;
+    dataset_id_ = static_cast<uint64_t>(static_cast<uint32_t>(get_le32(bytes + 12))) |
+                  static_cast<uint64_t>(static_cast<uint32_t>(get_le32(bytes + 16))) << 32;
     if (vocab_size > 0) {
       for (int64_t i = 0; i < num_tokens_; ++i) {
         if (tokens_[i] >= vocab_size) {
@@ -186,6 +192,23 @@ TokenFile::TokenFile(const std::string& path, int64_t vocab_size) : path_(path) 
     map_ = nullptr;
     throw;
   }
+}
+
+uint64_t new_dataset_id() {
+  std::random_device device;
+  uint64_t id = 0;
+  while (id == 0) id = (static_cast<uint64_t>(device()) << 32) ^ device() ^ static_cast<uint64_t>(::getpid());
+  return id;
+}
+
+void check_same_dataset(const TokenFile& train, const TokenFile& val) {
+  if (train.dataset_id() == 0 || val.dataset_id() == 0 || train.dataset_id() == val.dataset_id()) return;
+  char ids[64];
+  std::snprintf(ids, sizeof ids, "%016llx and %016llx", (unsigned long long)train.dataset_id(),
+                (unsigned long long)val.dataset_id());
+  throw bad_input(val.path(), "was prepared apart from " + train.path() + " (dataset ids " + ids +
+                                  "): the pair is from two `gradguard prepare` runs, e.g. one interrupted "
+                                  "over an older dataset; prepare them again together");
 }
 
 TokenFile::~TokenFile() {

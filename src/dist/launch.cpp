@@ -43,6 +43,7 @@
 #include <utility>
 
 #include "gradguard/core/error.h"
+#include "gradguard/core/stop_signals.h"
 
 extern char** environ;
 
@@ -343,6 +344,8 @@ int launch(const LaunchOptions& options, const std::vector<std::string>& args, c
   // ---- supervise: the first failure or received signal decides the exit code
   const char* const tag = "gradguard launch: ";
   int exit_code = 0;
+  bool forwarded = false;  // stopping began with a signal the launcher received (preemption)
+  bool all_preempted = true;  // every rank that ended while stopping exited 0 or kExitPreempted
   int stop_signal = 0;  // what the ranks were sent when stopping began; 0 while running normally
   bool killed = false;  // SIGKILL sent
   Clock::time_point deadline;  // of the grace period, once stopping began
@@ -363,6 +366,7 @@ int launch(const LaunchOptions& options, const std::vector<std::string>& args, c
         std::fprintf(stderr, "%sreceived %s; forwarding it to %s (SIGKILL after %s s)\n", tag, signal_text(sig).c_str(),
                      rank_list(running()).c_str(), seconds_text(options.grace_s).c_str());
         exit_code = 128 + sig;
+        forwarded = true;
         begin_stop(sig);
       } else if (!killed) {
         std::fprintf(stderr, "%sreceived %s while stopping; killing %s now\n", tag, signal_text(sig).c_str(),
@@ -380,13 +384,16 @@ int launch(const LaunchOptions& options, const std::vector<std::string>& args, c
       // got < 0 (ECHILD): someone else reaped it, the status is unknown; count it as gone.
       const pid_t pid = pids[r];
       pids[r] = -1;
+      const bool clean = got >= 0 && WIFEXITED(status) &&
+                         (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == kExitPreempted);
+      if (stop_signal != 0) all_preempted = all_preempted && clean;
       if (got < 0 || (WIFEXITED(status) && WEXITSTATUS(status) == 0) || stop_signal != 0) continue;
       const auto others = running();
       const std::string then = others.empty() ? "no other rank is running" : "stopping " + rank_list(others);
       std::fprintf(stderr, "%srank %zu (pid %d) %s; %s\n", tag, r, static_cast<int>(pid),
                    describe_status(status).c_str(), then.c_str());
       const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
-      exit_code = code == 2 || code == 3 ? code : 1;
+      exit_code = code == 2 || code == 3 || code == kExitPreempted ? code : 1;
       begin_stop(SIGTERM);
     }
     const auto left = running();
@@ -404,6 +411,9 @@ int launch(const LaunchOptions& options, const std::vector<std::string>& args, c
     }
     signals.wait(timeout_ms);
   }
+  // A forwarded SIGTERM/SIGINT that every rank answered by checkpointing and stopping is
+  // a preemption, not a failure: the same exit code as one process gives.
+  if (forwarded && all_preempted && !killed) exit_code = kExitPreempted;
   return exit_code;
 }
 

@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include "gradguard/core/error.h"
+#include "gradguard/core/json_read.h"
 #include "gradguard/core/fs.h"
 #include "gradguard/core/run_dir.h"
 #include "gradguard/core/json_number.h"
@@ -63,14 +64,16 @@ std::string write_snapshot(const std::string& run_dir, const SnapshotData& d) {
     fs::write_file_atomic((tmp / "diagnosis.md").string(), d.diagnosis_md);
     stdfs::remove_all(final_dir);  // a snapshot of the same step from before a rollback
     stdfs::rename(tmp, final_dir);
-  } catch (const stdfs::filesystem_error& e) {
-    std::error_code ignored;
-    stdfs::remove_all(tmp, ignored);
-    throw runtime_error(final_dir.string(), std::string("cannot write the snapshot: ") + e.what());
-  } catch (...) {
+  } catch (const Error&) {
     std::error_code ignored;
     stdfs::remove_all(tmp, ignored);
     throw;
+  } catch (const std::exception& e) {
+    // A full disk surfaces as a filesystem_error, a c10::Error from LibTorch's writer or
+    // a std::ios failure, depending on who was writing: all end as "not written".
+    std::error_code ignored;
+    stdfs::remove_all(tmp, ignored);
+    throw runtime_error(final_dir.string(), std::string("cannot write the snapshot: ") + e.what());
   }
   return final_dir.string();
 }
@@ -101,14 +104,10 @@ nlohmann::json SnapshotBudget::state_dict() const {
   return {{"count", count_}, {"bytes", bytes_}, {"last_step", last_step_}};
 }
 
-void SnapshotBudget::load_state_dict(const nlohmann::json& s) {
-  try {
-    count_ = s.at("count").get<int64_t>();
-    bytes_ = s.at("bytes").get<int64_t>();
-    last_step_ = s.at("last_step").get<int64_t>();
-  } catch (const nlohmann::json::exception& e) {
-    throw bad_input("trainer_state.json: guard.snapshots", std::string("malformed: ") + e.what());
-  }
+void SnapshotBudget::load_state_dict(const nlohmann::json& s, const std::string& where) {
+  const JsonReader r(s, where, "guard.snapshots");
+  const int64_t count = r.integer("count", 0), bytes = r.integer("bytes", 0), last_step = r.integer("last_step", -1);
+  count_ = count, bytes_ = bytes, last_step_ = last_step;
 }
 
 SnapshotWriter::SnapshotWriter(std::string run_dir, const guard::SnapshotOptions& options,

@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include "gradguard/core/error.h"
+#include "gradguard/core/json_read.h"
 
 namespace gradguard::grad {
 namespace {
@@ -156,20 +157,23 @@ nlohmann::json Clipper::state_dict() const {
           {"z_mean", z_mean_},             {"z_var", z_var_}};
 }
 
-void Clipper::load_state_dict(const nlohmann::json& j) {
-  try {
-    if (j.at("strategy").get<std::string>() != name_of(options_.strategy))
-      throw bad_input("clipper state", "was saved for strategy '" + j.at("strategy").get<std::string>() +
-                                           "' but clip.strategy is '" + name_of(options_.strategy) + "'");
-    auto h = j.at("history").get<std::vector<double>>();
-    history_.assign(h.begin(), h.end());
-    z_count_ = j.at("z_count").get<int64_t>();
-    z_seed_ = j.at("z_seed").get<std::vector<double>>();
-    z_mean_ = j.at("z_mean").get<double>();
-    z_var_ = j.at("z_var").get<double>();
-  } catch (const nlohmann::json::exception& e) {
-    throw bad_input("clipper state", std::string("malformed: ") + e.what());
-  }
+void Clipper::load_state_dict(const nlohmann::json& j, const std::string& where) {
+  const JsonReader r(j, where, "clipper");
+  const std::string strategy = r.string("strategy");
+  if (strategy != name_of(options_.strategy))
+    r.fail("strategy", "is '" + excerpt(strategy) + "' but clip.strategy is '" + name_of(options_.strategy) +
+                           "': the state belongs to another strategy");
+  const auto history = r.numbers("history"), z_seed = r.numbers("z_seed");
+  for (double h : history)
+    if (h < 0) r.fail("history", "must hold norms >= 0, got " + format_number(h));
+  const int64_t z_count = r.integer("z_count", 0);
+  const double z_mean = r.number("z_mean"), z_var = r.number("z_var");
+  if (z_var < 0) r.fail("z_var", "must be >= 0, got " + format_number(z_var));
+  history_.assign(history.begin(), history.end());
+  z_count_ = z_count;
+  z_seed_ = z_seed;
+  z_mean_ = z_mean;
+  z_var_ = z_var;
 }
 
 }  // namespace gradguard::grad

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gradguard/core/error.h"
+#include "gradguard/core/json_read.h"
 #include "gradguard/core/json_number.h"
 
 namespace gradguard::guard {
@@ -242,30 +243,34 @@ nlohmann::json AnomalyDetector::state_dict() const {
           {"explode_run", explode_run_}};
 }
 
-void AnomalyDetector::load_state_dict(const nlohmann::json& s) {
-  try {
-    auto layer_mean = s.at("layer_mean").get<std::vector<double>>();
-    auto layer_var = s.at("layer_var").get<std::vector<double>>();
-    auto layer_since = s.at("layer_since").get<std::vector<int64_t>>();
-    if (layer_mean.size() != layer_names_.size() || layer_var.size() != layer_names_.size() ||
-        layer_since.size() != layer_names_.size())
-      throw bad_input("trainer_state.json: guard.detector", "per-layer state has " +
-                                                                 std::to_string(layer_mean.size()) +
-                                                                 " layers, the model " +
-                                                                 std::to_string(layer_names_.size()));
-    losses_ = s.at("losses").get<std::deque<double>>();
-    norms_ = s.at("norms").get<std::deque<double>>();
-    layer_mean_ = std::move(layer_mean);
-    layer_var_ = std::move(layer_var);
-    layer_since_ = std::move(layer_since);
-    layer_count_ = s.at("layer_count").get<int64_t>();
-    backoffs_ = s.at("backoffs").get<std::deque<int64_t>>();
-    skip_run_ = s.at("skip_run").get<int64_t>();
-    applied_once_ = s.at("applied_once").get<bool>();
-    explode_run_ = s.at("explode_run").get<int64_t>();
-  } catch (const nlohmann::json::exception& e) {
-    throw bad_input("trainer_state.json: guard.detector", std::string("malformed: ") + e.what());
-  }
+void AnomalyDetector::load_state_dict(const nlohmann::json& s, const std::string& where) {
+  const JsonReader r(s, where, "guard.detector");
+  const size_t layers = layer_names_.size();
+  auto layer_mean = r.numbers("layer_mean"), layer_var = r.numbers("layer_var");
+  auto layer_since = r.integers("layer_since", -1);
+  if (layer_mean.size() != layers || layer_var.size() != layers || layer_since.size() != layers)
+    r.fail("layer_mean", "describes " + std::to_string(layer_mean.size()) + " layers, the model has " +
+                             std::to_string(layers));
+  for (double v : layer_var)
+    if (v < 0) r.fail("layer_var", "must hold variances >= 0, got " + format_number(v));
+  const auto losses = r.numbers("losses"), norms = r.numbers("norms");
+  for (double n : norms)
+    if (n < 0) r.fail("norms", "must hold norms >= 0, got " + format_number(n));
+  const int64_t layer_count = r.integer("layer_count", 0);
+  const auto backoffs = r.integers("backoffs", 0);
+  const int64_t skip_run = r.integer("skip_run", 0), explode_run = r.integer("explode_run", 0);
+  const bool applied_once = r.boolean("applied_once");
+  // Everything checked: now apply it.
+  losses_.assign(losses.begin(), losses.end());
+  norms_.assign(norms.begin(), norms.end());
+  layer_mean_ = std::move(layer_mean);
+  layer_var_ = std::move(layer_var);
+  layer_since_ = std::move(layer_since);
+  layer_count_ = layer_count;
+  backoffs_.assign(backoffs.begin(), backoffs.end());
+  skip_run_ = skip_run;
+  applied_once_ = applied_once;
+  explode_run_ = explode_run;
 }
 
 }  // namespace gradguard::guard

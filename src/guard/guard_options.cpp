@@ -2,6 +2,7 @@
 #include "gradguard/guard/guard_options.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "gradguard/core/error.h"
 
@@ -42,7 +43,8 @@ void RecoveryOptions::validate() const {
 
 void SnapshotOptions::validate() const {
   at_least(max_count, 0, "guard.snapshot.max_count");
-  if (!(max_mb > 0)) throw bad_input("guard.snapshot.max_mb", "must be > 0, got " + format_number(max_mb));
+  if (!(max_mb > 0) || !std::isfinite(max_mb))
+    throw bad_input("guard.snapshot.max_mb", "must be a finite number > 0, got " + format_number(max_mb));
   at_least(min_interval, 0, "guard.snapshot.min_interval");
   at_least(history, 1, "guard.snapshot.history");
 }
@@ -50,8 +52,8 @@ void SnapshotOptions::validate() const {
 void NoiseScaleOptions::validate() const {
   at_least(every, 0, "guard.noise_scale.every");
   if (!(ema >= 0 && ema < 1)) throw bad_input("guard.noise_scale.ema", "must be in [0, 1), got " + format_number(ema));
-  if (!(warn_ratio >= 0))
-    throw bad_input("guard.noise_scale.warn_ratio", "must be >= 0, got " + format_number(warn_ratio));
+  if (!(warn_ratio >= 0) || !std::isfinite(warn_ratio))
+    throw bad_input("guard.noise_scale.warn_ratio", "must be a finite number >= 0, got " + format_number(warn_ratio));
   at_least(warn_after, 1, "guard.noise_scale.warn_after");
 }
 
@@ -76,12 +78,15 @@ void InjectOptions::validate() const {
 
 void GuardOptions::validate() const {
   at_least(warmup, -1, "guard.warmup");
-  if (!(grad_norm_factor == 0 || grad_norm_factor > 1))
-    throw bad_input("guard.grad_norm_factor", "must be > 1 (or 0 to disable), got " + format_number(grad_norm_factor));
+  if (!(grad_norm_factor == 0 || grad_norm_factor > 1) || !std::isfinite(grad_norm_factor))
+    throw bad_input("guard.grad_norm_factor",
+                    "must be a finite number > 1 (or 0 to disable), got " + format_number(grad_norm_factor));
   at_least(grad_norm_patience, 1, "guard.grad_norm_patience");
-  if (!(loss_zscore >= 0)) throw bad_input("guard.loss_zscore", "must be >= 0, got " + format_number(loss_zscore));
+  if (!(loss_zscore >= 0) || !std::isfinite(loss_zscore))
+    throw bad_input("guard.loss_zscore", "must be a finite number >= 0 (0 disables), got " + format_number(loss_zscore));
   at_least(loss_window, 3, "guard.loss_window");
-  if (!(layer_zscore >= 0)) throw bad_input("guard.layer_zscore", "must be >= 0, got " + format_number(layer_zscore));
+  if (!(layer_zscore >= 0) || !std::isfinite(layer_zscore))
+    throw bad_input("guard.layer_zscore", "must be a finite number >= 0 (0 disables), got " + format_number(layer_zscore));
   at_least(backoff_limit, 0, "guard.backoff_limit");
   at_least(backoff_window, 1, "guard.backoff_window");
   at_least(skip_streak, 0, "guard.skip_streak");

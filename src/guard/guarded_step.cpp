@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include "gradguard/core/error.h"
+#include "gradguard/core/json_read.h"
 
 namespace gradguard::guard {
 namespace {
@@ -61,19 +62,27 @@ StepOutcome GuardedStep::step(int64_t step, const StepInputs& in) {
 
   // Side values in one float tensor [loss | micro losses | noise norm], read back with
   // the gradient norms.
+  // Side values in one float tensor [loss | micro losses | noise norm | stop request],
+  // read back with the gradient norms.
   const int64_t n_micro = in.micro_losses.defined() ? in.micro_losses.numel() : 0;
   const bool noise_sample = in.noise_sq_norm.defined() && options_.guard.noise_scale.every > 0;
+  const bool stop_slot = in.stop_request.defined();
   at::Tensor side;
   {
     torch::NoGradGuard no_grad;
-    std::vector<at::Tensor> parts = {in.loss.detach().to(torch::kFloat).reshape({1})};
-    if (n_micro > 0) parts.push_back(in.micro_losses.detach().to(in.loss.device()).to(torch::kFloat).reshape({-1}));
-    if (noise_sample) parts.push_back(in.noise_sq_norm.detach().to(in.loss.device()).to(torch::kFloat).reshape({1}));
+    auto scalar = [&](const at::Tensor& t) { return t.detach().to(in.loss.device()).to(torch::kFloat).reshape({-1}); };
+    std::vector<at::Tensor> parts = {scalar(in.loss)};
+    if (n_micro > 0) parts.push_back(scalar(in.micro_losses));
+    if (noise_sample) parts.push_back(scalar(in.noise_sq_norm));
+    if (stop_slot) parts.push_back(scalar(in.stop_request));
     side = torch::cat(parts);
   }
   out.stats = stats_.compute(scaler_.inv_scale(), side, clipper_.device_hook());  // the one host read
-  out.loss = out.stats.side.at(0);
-  out.micro_losses.assign(out.stats.side.begin() + 1, out.stats.side.begin() + 1 + n_micro);
+  const auto& values = out.stats.side;
+  out.loss = values.at(0);
+  out.micro_losses.assign(values.begin() + 1, values.begin() + 1 + n_micro);
+  const size_t noise_at = 1 + static_cast<size_t>(n_micro);
+  if (stop_slot) out.stop_requested = values.at(noise_at + (noise_sample ? 1 : 0)) > 0;
 
   out.clip = clipper_.apply(out.stats);
   out.scaler = scaler_.update(out.stats.nonfinite);
@@ -83,7 +92,7 @@ StepOutcome GuardedStep::step(int64_t step, const StepInputs& in) {
     // The sampled gradient is that micro-batch's mean gradient times its token share and
     // the loss scale: undo both.
     const double unscale = 1.0 / (in.noise_share * out.loss_scale);
-    const double small_sq = out.stats.side.at(1 + n_micro) * unscale * unscale;
+    const double small_sq = values.at(noise_at) * unscale * unscale;
     out.noise_scale = noise_.update(small_sq, in.noise_micro_batch, out.clip.grad_norm * out.clip.grad_norm,
                                     in.noise_global_batch);
     const auto& ns = options_.guard.noise_scale;
@@ -162,26 +171,27 @@ nlohmann::json GuardedStep::state_dict() const {
 }
 
 void GuardedStep::load_state_dict(const nlohmann::json& state, RestoreScope scope, const std::string& where) {
-  if (!state.is_object()) throw bad_input(where, "the guard's state must be a JSON object");
-  auto member = [&](const nlohmann::json& j, const char* key, const std::string& path) -> const nlohmann::json& {
-    if (!j.is_object() || !j.contains(key)) throw bad_input(where, "missing '" + path + "'");
-    return j.at(key);
-  };
-  scaler_.load_state_dict(member(state, "scaler", "scaler"));
-  clipper_.load_state_dict(member(state, "clipper", "clipper"));
+  // The whole state is checked on a scratch copy first, so a bad field anywhere leaves
+  // this step exactly as it was.
+  GuardedStep scratch(options_, params_, names_);
+  scratch.apply_state(state, scope, where);
+  apply_state(state, scope, where);
+}
+
+void GuardedStep::apply_state(const nlohmann::json& state, RestoreScope scope, const std::string& where) {
+  const JsonReader r(state, where);
+  scaler_.load_state_dict(r.raw("scaler"), where + " (scaler)");
+  clipper_.load_state_dict(r.raw("clipper"), where);
   // The detector's windows describe the weights, so they go back with them on a
   // rollback too; the budgets spent, the noise estimate and the scale's history only on
   // a resume. A state from before the guard existed has no "guard": start it fresh.
-  if (!state.contains("guard")) return;
-  const auto& g = state.at("guard");
-  detector_.load_state_dict(member(g, "detector", "guard.detector"));
+  if (!r.has("guard")) return;
+  const JsonReader g = r.object("guard");
+  detector_.load_state_dict(g.raw("detector"), where);
   if (scope != RestoreScope::kResume) return;
-  ladder_.load_state_dict(member(g, "recovery", "guard.recovery"));
-  noise_.load_state_dict(member(g, "noise_scale", "guard.noise_scale"));
-  const auto& growth = state.contains("last_scale_growth") ? state.at("last_scale_growth") : nlohmann::json(-1);
-  if (!growth.is_number_integer() || growth.get<int64_t>() < -1)
-    throw bad_input(where, "'last_scale_growth' must be an integer >= -1, got " + growth.dump().substr(0, 80));
-  last_scale_growth_ = growth.get<int64_t>();
+  ladder_.load_state_dict(g.raw("recovery"), where);
+  noise_.load_state_dict(g.raw("noise_scale"), where);
+  last_scale_growth_ = r.has("last_scale_growth") ? r.integer("last_scale_growth", -1) : -1;
 }
 
 }  // namespace gradguard::guard

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gradguard/core/error.h"
+#include "gradguard/core/json_read.h"
 
 namespace gradguard::guard {
 
@@ -41,14 +42,11 @@ double NoiseScaleEstimator::b_simple() const {
 
 nlohmann::json NoiseScaleEstimator::state_dict() const { return {{"g2", g2_}, {"s", s_}, {"count", count_}}; }
 
-void NoiseScaleEstimator::load_state_dict(const nlohmann::json& st) {
-  try {
-    g2_ = st.at("g2").get<double>();
-    s_ = st.at("s").get<double>();
-    count_ = st.at("count").get<int64_t>();
-  } catch (const nlohmann::json::exception& e) {
-    throw bad_input("trainer_state.json: guard.noise_scale", std::string("malformed: ") + e.what());
-  }
+void NoiseScaleEstimator::load_state_dict(const nlohmann::json& st, const std::string& where) {
+  const JsonReader r(st, where, "guard.noise_scale");
+  const double g2 = r.number("g2"), s = r.number("s");
+  const int64_t count = r.integer("count", 0);
+  g2_ = g2, s_ = s, count_ = count;
 }
 
 }  // namespace gradguard::guard

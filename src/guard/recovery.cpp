@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gradguard/core/error.h"
+#include "gradguard/core/json_read.h"
 
 namespace gradguard::guard {
 
@@ -74,21 +75,24 @@ nlohmann::json RecoveryLadder::state_dict() const {
           {"cooldown_from", cooldown_from_}, {"cooldown_until", cooldown_until_}};
 }
 
-void RecoveryLadder::load_state_dict(const nlohmann::json& s) {
-  try {
-    skips_ = s.at("skips").get<int64_t>();
-    cooldowns_ = s.at("cooldowns").get<int64_t>();
-    resets_ = s.at("resets").get<int64_t>();
-    rollbacks_ = s.at("rollbacks").get<int64_t>();
-    last_step_ = s.at("last_step").get<int64_t>();
-    last_rung_ = s.at("last_rung").get<int64_t>();
-    const auto kind = s.at("last_kind").get<std::string>();
-    if (last_step_ >= 0) last_kind_ = parse_choice<AnomalyKind>(kind, "trainer_state.json: guard.recovery.last_kind");
-    cooldown_from_ = s.at("cooldown_from").get<int64_t>();
-    cooldown_until_ = s.at("cooldown_until").get<int64_t>();
-  } catch (const nlohmann::json::exception& e) {
-    throw bad_input("trainer_state.json: guard.recovery", std::string("malformed: ") + e.what());
+void RecoveryLadder::load_state_dict(const nlohmann::json& s, const std::string& where) {
+  const JsonReader r(s, where, "guard.recovery");
+  const int64_t skips = r.integer("skips", 0), cooldowns = r.integer("cooldowns", 0);
+  const int64_t resets = r.integer("resets", 0), rollbacks = r.integer("rollbacks", 0);
+  const int64_t last_step = r.integer("last_step", -1);
+  const int64_t last_rung = r.integer("last_rung", -1, static_cast<int64_t>(options_.ladder.size()) - 1);
+  const std::string kind = r.string("last_kind");
+  const int64_t cooldown_from = r.integer("cooldown_from", -1), cooldown_until = r.integer("cooldown_until", -1);
+  AnomalyKind last_kind = last_kind_;
+  if (last_step >= 0) {
+    bool known = false;
+    for (const auto& c : choices(AnomalyKind{}))
+      if (kind == c.name) last_kind = c.value, known = true;
+    if (!known) r.fail("last_kind", "must name an anomaly kind (" + choice_list<AnomalyKind>() + "), got \"" + excerpt(kind) + "\"");
   }
+  skips_ = skips, cooldowns_ = cooldowns, resets_ = resets, rollbacks_ = rollbacks;
+  last_step_ = last_step, last_rung_ = last_rung, last_kind_ = last_kind;
+  cooldown_from_ = cooldown_from, cooldown_until_ = cooldown_until;
 }
 
 }  // namespace gradguard::guard

@@ -178,9 +178,19 @@ void LlamaOptions::validate() const {
           "must be >= 1 and divide model.num_heads (" + std::to_string(num_heads) + "), got " +
               std::to_string(num_kv_heads));
   require(max_seq_len >= 1, "model.max_seq_len", "must be >= 1, got " + std::to_string(max_seq_len));
-  require(rope_theta > 0, "model.rope_theta", "must be > 0");
-  require(rms_norm_eps > 0 && rms_norm_eps < 1, "model.rms_norm_eps", "must be in (0, 1)");
-  require(init_std > 0 && init_std < 10, "model.init_std", "must be in (0, 10)");
+  require(hidden_size <= 1 << 17, "model.hidden_size", "must be <= 131072, got " + std::to_string(hidden_size));
+  require(intermediate_size <= 1 << 20, "model.intermediate_size",
+          "must be <= 1048576, got " + std::to_string(intermediate_size));
+  require(num_layers <= 4096, "model.num_layers", "must be <= 4096, got " + std::to_string(num_layers));
+  require(max_seq_len <= 1 << 24, "model.max_seq_len", "must be <= 16777216, got " + std::to_string(max_seq_len));
+  // Finite and in range: a value such as inf would train a model that no saved
+  // config.json can describe (JSON has no inf).
+  require(std::isfinite(rope_theta) && rope_theta > 1 && rope_theta <= 1e12, "model.rope_theta",
+          "must be a finite number in (1, 1e12], got " + format_number(rope_theta));
+  require(std::isfinite(rms_norm_eps) && rms_norm_eps > 0 && rms_norm_eps < 1, "model.rms_norm_eps",
+          "must be in (0, 1), got " + format_number(rms_norm_eps));
+  require(std::isfinite(init_std) && init_std > 0 && init_std < 10, "model.init_std",
+          "must be in (0, 10), got " + format_number(init_std));
 }
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {

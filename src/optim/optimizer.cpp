@@ -22,11 +22,15 @@ void OptimOptions::validate() const {
   for (int i = 0; i < 2; ++i)
     if (!(betas[i] >= 0 && betas[i] < 1))
       throw bad_input("optim.betas", "each beta must be in [0, 1), got " + std::to_string(betas[i]));
-  if (!(eps > 0)) throw bad_input("optim.eps", "must be > 0, got " + std::to_string(eps));
-  if (!(weight_decay >= 0) || !std::isfinite(weight_decay))
-    throw bad_input("optim.weight_decay", "must be >= 0, got " + std::to_string(weight_decay));
-  if (!(max_trust_ratio > 0))
-    throw bad_input("optim.max_trust_ratio", "must be > 0, got " + std::to_string(max_trust_ratio));
+  // eps = inf (or anything near 1) divides every update into nothing: the model stops
+  // learning without a word. 1e-6 is already large for fine-tuning.
+  if (!(eps > 0 && eps <= 1e-2))
+    throw bad_input("optim.eps", "must be in (0, 0.01] (1e-8 by default, 1e-6 is common for fine-tuning), got " +
+                                     format_number(eps));
+  if (!(weight_decay >= 0 && weight_decay <= 10))
+    throw bad_input("optim.weight_decay", "must be in [0, 10], got " + format_number(weight_decay));
+  if (!(max_trust_ratio > 0) || !std::isfinite(max_trust_ratio))
+    throw bad_input("optim.max_trust_ratio", "must be a finite number > 0, got " + format_number(max_trust_ratio));
   if (!(momentum >= 0 && momentum < 1))
     throw bad_input("optim.momentum", "must be in [0, 1), got " + std::to_string(momentum));
   if (base_batch < 0) throw bad_input("optim.base_batch", "must be >= 0, got " + std::to_string(base_batch));

@@ -16,9 +16,11 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <set>
 
 #include "gradguard/core/crc32c.h"
 #include "gradguard/core/error.h"
+#include "gradguard/core/json_read.h"
 #include "gradguard/core/json_number.h"
 
 namespace gradguard::telemetry {
@@ -120,13 +122,13 @@ std::string errno_text() {
 
 MetricsLineKind classify_metrics_line(const Json& line) {
   if (!line.is_object())
-    throw bad_input("", "a metrics line must be a JSON object, got " + line.dump());
+    throw bad_input("", "a metrics line must be a JSON object, got " + describe(line));
   const auto event = line.find("event");
   if (event == line.end()) {
     return line.contains("val_loss") && !line.contains("loss") ? MetricsLineKind::kValidation
                                                                : MetricsLineKind::kStep;
   }
-  if (!event->is_string()) throw bad_input("", "\"event\" must be a string, got " + event->dump());
+  if (!event->is_string()) throw bad_input("", "\"event\" must be a string, got " + describe(*event));
   const std::string& name = event->get_ref<const std::string&>();
   if (name == "telemetry") return MetricsLineKind::kTelemetry;
   if (name == "anomaly") return MetricsLineKind::kAnomaly;
@@ -145,11 +147,11 @@ int64_t metrics_line_step(const Json& line) {
     const double v = it->get<double>();
     if (v >= 0 && v < 9.2e18 && std::floor(v) == v) return static_cast<int64_t>(v);
   }
-  throw bad_input("", "\"step\" must be a non-negative integer, got " + it->dump());
+  throw bad_input("", "\"step\" must be a non-negative integer, got " + describe(*it));
 }
 
-void for_each_metrics_line(const std::string& path,
-                           const std::function<void(int64_t, const Json&)>& fn) {
+void for_each_metrics_line(const std::string& path, const std::function<void(int64_t, const Json&)>& fn,
+                           const std::function<void(int64_t, const std::string&)>& on_bad_line) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
     throw bad_input(path, "is a directory, not a metrics.jsonl file");
@@ -162,16 +164,19 @@ void for_each_metrics_line(const std::string& path,
     const std::string where = path + ":" + std::to_string(number);
     Json line;
     try {
-      line = Json::parse(text);
-    } catch (const nlohmann::json::parse_error& e) {
+      line = parse_ordered_json(text, where, {}, /*require_object=*/false);
+    } catch (const Error& e) {
       if (unterminated) return;  // the line a crashed writer left half-written
-      throw bad_input(where, std::string("not valid JSON: ") + e.what());
+      if (!on_bad_line) throw;
+      on_bad_line(number, e.what());
+      continue;
     }
     try {
       fn(number, line);
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::kBadInput) throw;
-      throw bad_input(where, e.what());
+      if (!on_bad_line) throw bad_input(where, e.what());
+      on_bad_line(number, where + ": " + e.what());
     }
   }
   if (in.bad()) throw bad_input(path, "read failed");
@@ -369,12 +374,18 @@ double mtime_of(const std::string& path) {
 
 }  // namespace
 
-int64_t write_tensorboard(const std::string& metrics_path, const std::string& out_dir) {
+int64_t write_tensorboard(const std::string& metrics_path, const std::string& out_dir,
+                          std::vector<std::string>* skipped) {
   // Pass 1: validate every line and collect what estimates each segment's start. A step
   // line whose elapsed_s is below the previous one's begins a new segment (a resume).
   std::vector<Segment> segments(1);
   double elapsed = std::numeric_limits<double>::quiet_NaN();  // of the latest step line
   int64_t last_line = 0;
+  std::set<int64_t> bad;  // lines left out
+  auto leave_out = [&](int64_t number, const std::string& why) {
+    bad.insert(number);
+    if (skipped) skipped->push_back(why);
+  };
   for_each_metrics_line(metrics_path, [&](int64_t number, const Json& line) {
     last_line = number;
     const MetricsLineKind kind = classify_metrics_line(line);
@@ -394,7 +405,7 @@ int64_t write_tensorboard(const std::string& metrics_path, const std::string& ou
       if (std::isfinite(elapsed) && (std::isnan(rank) || rank == 0))
         s.bound = std::max(s.bound, unix_time - elapsed);
     }
-  });
+  }, leave_out);
   for (size_t i = segments.size(); i-- > 0;) {
     Segment& s = segments[i];
     if (std::isfinite(s.bound))
@@ -418,7 +429,7 @@ int64_t write_tensorboard(const std::string& metrics_path, const std::string& ou
     elapsed = std::numeric_limits<double>::quiet_NaN();
     double wall_time = segments.front().start;  // of the latest step line
     for_each_metrics_line(metrics_path, [&](int64_t number, const Json& line) {
-      if (number > last_line) return;
+      if (number > last_line || bad.count(number)) return;
       const double e = number_or_nan(line, "elapsed_s");
       if (classify_metrics_line(line) == MetricsLineKind::kStep && std::isfinite(e)) {
         if (e < elapsed) ++segment;
@@ -426,7 +437,7 @@ int64_t write_tensorboard(const std::string& metrics_path, const std::string& ou
         wall_time = segments.at(segment).start + e;
       }
       writer.add_metrics_line(line, wall_time);
-    });
+    }, [](int64_t, const std::string&) {});  // left out in pass 1 already
     writer.close();
   } catch (...) {
     std::error_code ec;

@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include "gradguard/core/error.h"
+#include "gradguard/core/stop_signals.h"
 #include "gradguard/optim/optimizer.h"
 #include "trainer_internal.h"
 
@@ -49,6 +50,7 @@ TrainResult Trainer::run_steps() {
   s.model->train();
   if (s.start_step == 0) result.initial_val_loss = s.validate(0);
 
+  StopSignals stop_signals;  // SIGTERM/SIGINT: finish the step, checkpoint, stop (a second one: at once)
   const int64_t tokens_per_step = c.batch.global_batch * c.data.seq_len;
   const auto start = Clock::now();
   s.furthest_step = s.start_step - 1;
@@ -92,8 +94,24 @@ TrainResult Trainer::run_steps() {
       continue;
     }
     const bool last = step + 1 == c.schedule.total_steps;
-    if (c.eval.every > 0 && (step + 1) % c.eval.every == 0 && !last) s.validate(step + 1);
-    if (c.checkpoint.every > 0 && (step + 1) % c.checkpoint.every == 0 && !last) s.save(step + 1);
+    const bool stop = !last && s.stop_after(out);
+    if (c.eval.every > 0 && (step + 1) % c.eval.every == 0 && !last && !stop) s.validate(step + 1);
+    std::string checkpoint;
+    if (c.checkpoint.every > 0 && (step + 1) % c.checkpoint.every == 0 && !last)
+      checkpoint = s.save(step + 1, /*periodic=*/true);
+    if (stop) {
+      // Preempted: the step is complete; its checkpoint (unless the cadence just wrote it)
+      // lets `--resume` continue exactly here.
+      result.checkpoint_dir = checkpoint.empty() ? s.save(step + 1) : checkpoint;
+      result.preempted = true;
+      result.stop_signal = StopSignals::name(StopSignals::requested());
+      if (result.stop_signal.empty()) result.stop_signal = "a stop signal on another rank";
+      metrics.write(nlohmann::ordered_json{{"step", step + 1}, {"event", "preempted"}, {"signal", result.stop_signal},
+                                           {"checkpoint", result.checkpoint_dir}});
+      progress.line("stopped by " + result.stop_signal + " after step " + std::to_string(step + 1) +
+                    "; checkpoint " + result.checkpoint_dir + "; continue with: train --resume " + s.run.root());
+      break;
+    }
   }
   if (s.sampler) {
     s.sampler->stop();
@@ -101,8 +119,10 @@ TrainResult Trainer::run_steps() {
   }
   result.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
   result.tokens_per_s = (result.steps - s.start_step) * tokens_per_step / std::max(result.elapsed_s, 1e-9);
-  result.final_val_loss = s.validate(result.steps);
-  result.checkpoint_dir = s.save(result.steps);
+  if (!result.preempted) {
+    result.final_val_loss = s.validate(result.steps);
+    result.checkpoint_dir = s.save(result.steps);
+  }
   progress.finish();
   return result;
 }

@@ -13,6 +13,7 @@
 
 #include "gradguard/config/config.h"
 #include "gradguard/core/run_dir.h"
+#include "gradguard/core/run_lock.h"
 #include "gradguard/core/threads.h"
 #include "gradguard/data/prefetcher.h"
 #include "gradguard/data/token_dataset.h"
@@ -43,6 +44,7 @@ struct Trainer::State {
   std::FILE* out = stdout;
   torch::Device device = torch::kCPU;
   RunDir run{""};
+  RunLock lock;  // rank 0 holds its run directory's lock for the whole run
   ThreadReport threads;
   model::LlamaForCausalLM model{nullptr};
   std::shared_ptr<data::TokenDataset> train, val;
@@ -61,8 +63,9 @@ struct Trainer::State {
   std::unique_ptr<dist::GradSync> sync;      // null for a single process
   bool main_rank() const { return env.rank == 0; }
   // Slots of the side vector summed with the gradients: [loss | micro losses by global
-  // micro-batch g = m * world + rank | first-micro-batch squared norm by rank].
-  int64_t side_slots() const { return 1 + env.world_size * cfg.batch.accum_steps + env.world_size; }
+  // micro-batch g = m * world + rank | first-micro-batch squared norm by rank | stop
+  // requests (each rank adds 1 when it received SIGTERM/SIGINT)].
+  int64_t side_slots() const { return 1 + env.world_size * cfg.batch.accum_steps + env.world_size + 1; }
 
   // The guard, and what it writes.
   std::unique_ptr<guard::GuardedStep> guarded;
@@ -71,6 +74,9 @@ struct Trainer::State {
   int64_t data_offset = 0;    // steps of data skipped by rollbacks: step s reads the data of s + data_offset
   int64_t furthest_step = -1; // furthest step run so far: an injected fault happens once, not again after a rollback
   const StepData* current = nullptr;  // the step being guarded (for its snapshot)
+  // Whether the loop must stop after step `step` because a process of the run received
+  // SIGTERM/SIGINT: all ranks learn it from the step's one read (the side vector).
+  bool stop_after(const guard::StepOutcome& outcome) const;
   MetricsWriter* metrics = nullptr;   // set while run() is running
   Progress* progress = nullptr;       // set while run() is running
   int64_t anomalies_seen = 0;         // anomaly events of this process's steps (the progress line)
@@ -92,8 +98,10 @@ struct Trainer::State {
   // Rolls back to the newest good checkpoint after an anomaly at `step` and skips the
   // data window that led to it. Returns the step training continues from.
   int64_t rollback(int64_t step, std::string* checkpoint_dir);
-  // The checkpoint after `steps_done` steps (rank 0; "" elsewhere).
-  std::string save(int64_t steps_done);
+  // The checkpoint after `steps_done` steps (rank 0; "" elsewhere). A periodic one that
+  // cannot be written (a full disk) is a warning and training goes on; the final one, or
+  // a preemption's, is an error.
+  std::string save(int64_t steps_done, bool periodic = false);
 
   // ---- one step (trainer_steps.cpp) ----
   // The micro-batches of `step` reading the data of step `step + data_offset`

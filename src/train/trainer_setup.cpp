@@ -19,6 +19,7 @@
 #include "gradguard/core/device.h"
 #include "gradguard/core/error.h"
 #include "gradguard/core/fs.h"
+#include "gradguard/core/json_read.h"
 #include "gradguard/optim/optimizer.h"
 #include "trainer_internal.h"
 
@@ -49,22 +50,37 @@ std::string default_run_name(const config::Config& c) {
   return "llama-" + std::to_string(c.model.num_layers) + "x" + std::to_string(c.model.hidden_size) + "-" + stamp;
 }
 
+// The integer "step" of a metrics line, or -1 for a line that is not JSON, not an object
+// or has no integer step (a line cut short by a crash, a hand-edited one).
+int64_t step_of(const std::optional<nlohmann::json>& j) {
+  if (!j || !j->is_object()) return -1;
+  const auto it = j->find("step");
+  return it != j->end() && it->is_number_integer() && it->get<int64_t>() >= 0 ? it->get<int64_t>() : -1;
+}
+
 // metrics.jsonl cut back to what was true at `step` (lines of later steps were written
-// after the checkpoint a resume continues from).
+// after the checkpoint a resume continues from). Lines without a valid step belong to no
+// step and are dropped.
 void truncate_metrics(const std::string& path, int64_t step) {
   if (!fs::exists(path)) return;
   std::istringstream in(fs::read_file(path));
   std::string kept;
   for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.contains("step")) continue;  // a line cut short by a crash
-    const int64_t s = j["step"].get<int64_t>();
-    if (j.contains("val_loss") ? s <= step : s < step) kept += line + "\n";
+    const auto j = try_parse_json(line);
+    const int64_t s = step_of(j);
+    if (s < 0) continue;
+    if (j->contains("val_loss") ? s <= step : s < step) kept += line + "\n";
   }
   fs::write_file_atomic(path, kept);
 }
 
 // What a run's metrics.jsonl says about it, for the summary of a resumed run.
+// Carries an error out of the per-checkpoint try of resume without it being taken for a
+// broken checkpoint (which would be skipped).
+struct ConfigChanged {
+  Error error;
+};
+
 struct History {
   double first_loss = std::numeric_limits<double>::quiet_NaN(), final_loss = first_loss;
   double initial_val_loss = first_loss, final_val_loss = first_loss;
@@ -77,9 +93,10 @@ History read_history(const std::string& path) {
   std::istringstream in(fs::read_file(path));
   int64_t first_step = -1, last_step = -1, first_val = -1, last_val = -1;
   for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
-    const int64_t step = j["step"].get<int64_t>();
+    const auto parsed = try_parse_json(line);
+    const int64_t step = step_of(parsed);
+    if (step < 0) continue;
+    const auto& j = *parsed;
     auto number = [&](const char* key) {
       const auto it = j.find(key);
       return it != j.end() && it->is_number() ? it->get<double>() : std::numeric_limits<double>::quiet_NaN();
@@ -149,14 +166,17 @@ Trainer::Trainer(config::Config config, std::FILE* out, const std::string& resum
   // Everything that can fail on one rank alone (a data file, init_from, the run
   // directory) happens before the ranks agree; collectives only after they have.
   std::string resume_dir;
+  std::vector<std::string> candidates;  // checkpoints whose files verify, newest first (rank 0)
   std::exception_ptr failure;
   try {
     s_->build();
     if (!resume_run_dir.empty()) {
       s_->run = RunDir(resume_run_dir);
       if (s_->main_rank()) {
+        // Nothing of the run is read, let alone changed, before the lock is ours.
+        s_->lock = RunLock(resume_run_dir);
         std::vector<std::string> rejected;
-        resume_dir = checkpoint::find_resumable(resume_run_dir, &rejected);
+        candidates = checkpoint::resumable_checkpoints(resume_run_dir, &rejected);
         for (const auto& r : rejected) s_->resume_notes.push_back("skipped checkpoint: " + r);
       }
     } else if (s_->main_rank()) {
@@ -166,10 +186,7 @@ Trainer::Trainer(config::Config config, std::FILE* out, const std::string& resum
     failure = std::current_exception();
   }
   s_->agree("setup", failure);
-  if (s_->comm) {
-    s_->run = RunDir(s_->comm->broadcast_string(s_->run.root(), "run directory broadcast"));
-    resume_dir = s_->comm->broadcast_string(resume_dir, "checkpoint choice broadcast");
-  }
+  if (s_->comm) s_->run = RunDir(s_->comm->broadcast_string(s_->run.root(), "run directory broadcast"));
   if (s_->main_rank()) {
     State* st = s_.get();
     s_->snapshots = std::make_unique<forensics::SnapshotWriter>(
@@ -179,8 +196,42 @@ Trainer::Trainer(config::Config config, std::FILE* out, const std::string& resum
   }
 
   if (!resume_run_dir.empty()) {
+    // Rank 0 takes the newest checkpoint whose state checks out too: one that fails is
+    // passed over and reported like a corrupt one. Nothing is truncated before one has
+    // loaded.
     try {
-      s_->start_step = s_->restore(resume_dir, guard::RestoreScope::kResume);
+      if (s_->main_rank()) {
+        std::string last_reason;
+        for (const auto& dir : candidates) {
+          try {
+            // A model configured differently is the configuration's fault, not the
+            // checkpoint's: every older one would fail the same way.
+            const std::string difference = checkpoint::architecture_difference(dir, c.model);
+            if (!difference.empty())
+              throw ConfigChanged{bad_input(dir + "/config.json", "the checkpoint has " + difference +
+                                                                      ": the model changed between save and resume")};
+            s_->start_step = s_->restore(dir, guard::RestoreScope::kResume);
+            resume_dir = dir;
+            break;
+          } catch (const ConfigChanged& changed) {
+            throw changed.error;
+          } catch (const Error& e) {
+            if (e.kind() != ErrorKind::kBadInput) throw;
+            last_reason = e.what();
+            s_->resume_notes.push_back("skipped checkpoint: " + last_reason);
+          }
+        }
+        if (resume_dir.empty())
+          throw bad_input(resume_run_dir, "no checkpoint can be resumed: every one was rejected (the newest: " +
+                                              last_reason + ")");
+      }
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    s_->agree("checkpoint choice", failure);
+    if (s_->comm) resume_dir = s_->comm->broadcast_string(resume_dir, "checkpoint choice broadcast");
+    try {
+      if (!s_->main_rank()) s_->start_step = s_->restore(resume_dir, guard::RestoreScope::kResume);
       if (s_->start_step > c.schedule.total_steps)
         throw bad_input("schedule.total_steps", "the checkpoint is at step " + std::to_string(s_->start_step) +
                                                     ", past schedule.total_steps = " +
@@ -223,6 +274,7 @@ void Trainer::State::build() {
   train = std::make_shared<data::TokenDataset>(train_file, c.data.seq_len, c.data.shuffle, c.run.seed);
   if (!c.data.val_path.empty()) {
     auto val_file = std::make_shared<data::TokenFile>(c.data.val_path, c.model.vocab_size);
+    data::check_same_dataset(*train_file, *val_file);
     val = std::make_shared<data::TokenDataset>(val_file, c.data.seq_len, false, c.run.seed);
   }
 
@@ -275,6 +327,9 @@ void Trainer::State::create_run_dir() {
   auto& c = cfg;
   if (c.run.name.empty()) c.run.name = default_run_name(c);
   run = RunDir((stdfs::path(c.run.dir) / c.run.name).string());
+  // The lock first: of two runs started together with one name, one gets the directory
+  // and the other is refused here, before it looks at (or clears) anything.
+  lock = RunLock(run.root());
   const bool has_run = run.holds_run();
   if (has_run && !c.run.overwrite)
     throw bad_input("run.name", "run directory '" + run.root() +
@@ -291,10 +346,19 @@ optim::LrSchedule Trainer::State::schedule() const {
   return optim::LrSchedule(peak_lr, o);
 }
 
-std::string Trainer::State::save(int64_t steps_done) {
+std::string Trainer::State::save(int64_t steps_done, bool periodic) {
   if (!main_rank()) return "";
-  return checkpoint::save_checkpoint(run.checkpoints(), steps_done, *model, *optimizer, trainer_state(steps_done),
-                                     config::to_yaml(cfg), cfg.checkpoint.keep_last);
+  try {
+    return checkpoint::save_checkpoint(run.checkpoints(), steps_done, *model, *optimizer, trainer_state(steps_done),
+                                       config::to_yaml(cfg), cfg.checkpoint.keep_last);
+  } catch (const Error& e) {
+    if (!periodic || e.kind() != ErrorKind::kRuntime) throw;
+    // The run goes on (the next checkpoint tries again); the last good one stays usable.
+    metrics->write(nlohmann::ordered_json{{"step", steps_done}, {"event", "warning"},
+                                          {"kind", "checkpoint_not_written"}, {"message", e.what()}});
+    progress->line(std::string("warning: ") + e.what());
+    return "";
+  }
 }
 
 int64_t Trainer::State::rollback(int64_t step, std::string* checkpoint_dir) {
@@ -377,21 +441,30 @@ nlohmann::ordered_json Trainer::State::trainer_state(int64_t steps_done) const {
 }
 
 int64_t Trainer::State::restore(const std::string& dir, guard::RestoreScope scope) {
-  auto loaded = checkpoint::load_checkpoint(dir, *model, *optimizer);
-  const auto& st = loaded.trainer_state;
+  // Every field of trainer_state.json is checked before anything is loaded: a checkpoint
+  // whose state is wrong (a negative step, a short RNG state, a counter of the wrong
+  // type) is rejected whole, like a corrupt one, and the model stays as it was.
   const std::string where = dir + "/trainer_state.json";
-  try {
-    guarded->load_state_dict(st, scope, where);
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    gen.set_state(from_hex(st.at("rng").get<std::string>(), where));
-    if (scope == guard::RestoreScope::kResume) {
-      data_offset = st.value("data_offset", int64_t{0});
-      if (snapshots && st.contains("guard") && st.at("guard").contains("snapshots") &&
-          !st.at("guard").at("snapshots").is_null())
-        snapshots->budget().load_state_dict(st.at("guard").at("snapshots"));
-    }
-  } catch (const nlohmann::json::exception& e) {
-    throw bad_input(where, std::string("malformed: ") + e.what());
+  const auto st = read_json_file(where);
+  const JsonReader r(st, where);
+  r.integer("step", 0);
+  const int64_t offset = r.has("data_offset") ? r.integer("data_offset", 0) : 0;
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  const auto rng = from_hex(r.string("rng"), where);
+  if (rng.numel() != gen.get_state().numel())
+    r.fail("rng", "holds " + std::to_string(rng.numel()) + " bytes of generator state, this LibTorch's CPU generator " +
+                      std::to_string(gen.get_state().numel()));
+  guard::GuardedStep(guarded->options(), params, names).load_state_dict(st, scope, where);
+  const bool with_snapshots = scope == guard::RestoreScope::kResume && snapshots && r.has("guard") &&
+                              r.object("guard").has("snapshots") && !r.object("guard").raw("snapshots").is_null();
+  if (with_snapshots) forensics::SnapshotBudget(cfg.guard.snapshot).load_state_dict(r.object("guard").raw("snapshots"), where);
+
+  auto loaded = checkpoint::load_checkpoint(dir, *model, *optimizer);  // checks the architecture and every tensor
+  guarded->load_state_dict(st, scope, where);
+  gen.set_state(rng);
+  if (scope == guard::RestoreScope::kResume) {
+    data_offset = offset;
+    if (with_snapshots) snapshots->budget().load_state_dict(r.object("guard").raw("snapshots"), where);
   }
   return loaded.step;
 }

@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include "gradguard/core/error.h"
+#include "gradguard/core/stop_signals.h"
 #include "trainer_internal.h"
 
 namespace gradguard::train {
@@ -92,6 +93,7 @@ guard::StepInputs Trainer::State::accumulate_step(int64_t step, const StepData& 
         side.narrow(0, 1 + m * world + env.rank, 1).copy_(partial.micro_losses[m].reshape({1}));
       if (partial.first_sq_norm.defined())
         side.narrow(0, 1 + n_micro + env.rank, 1).copy_(partial.first_sq_norm.reshape({1}));
+      if (StopSignals::requested() != 0) side.narrow(0, 1 + n_micro + world, 1).fill_(1.0f);
       sync->arm(side);
     };
   const int64_t tokens_per_step = c.batch.global_batch * c.data.seq_len;
@@ -107,6 +109,7 @@ guard::StepInputs Trainer::State::accumulate_step(int64_t step, const StepData& 
     in.loss = side[0];
     in.micro_losses = side.narrow(0, 1, n_micro);
     if (measure_noise) in.noise_sq_norm = side.narrow(0, 1 + n_micro, world).mean();  // mean over the ranks
+    in.stop_request = side[1 + n_micro + world];
   } else {
     if (data.corrupt) corrupt();
     in.loss = acc.loss;
@@ -117,6 +120,11 @@ guard::StepInputs Trainer::State::accumulate_step(int64_t step, const StepData& 
   in.noise_micro_batch = static_cast<double>(c.batch.micro_batch);
   in.noise_global_batch = static_cast<double>(c.batch.global_batch);
   return in;
+}
+
+bool Trainer::State::stop_after(const guard::StepOutcome& outcome) const {
+  // One process reads its own flag; ranks read the sum of theirs, so they agree.
+  return sync ? outcome.stop_requested : StopSignals::requested() != 0;
 }
 
 forensics::SnapshotEvidence Trainer::State::snapshot_evidence(const guard::StepOutcome& out) const {

@@ -157,7 +157,7 @@ TEST(SafetensorsHeader, RejectsWithTheGivenPathAndSameMessages) {
   };
   rejects("", "truncated");
   rejects(raw_file("{}", 0, 1ull << 40), "exceeds");
-  rejects(raw_file("[]", 0), "not a JSON object");
+  rejects(raw_file("[]", 0), "expected a JSON object");
   rejects(raw_file(R"({"__metadata__":{"k":1}})", 0), "is not a string");
   rejects(raw_file(R"({"a":{"dtype":"F32","shape":[1099511627777],"data_offsets":[0,4]}})", 4),
           "implausibly large");

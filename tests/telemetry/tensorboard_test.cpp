@@ -17,6 +17,7 @@
 
 #include "gradguard/apps/csv_export.h"
 #include "gradguard/core/error.h"
+#include "gradguard/core/json_read.h"
 #include "test_util.h"
 
 namespace gradguard {
@@ -247,35 +248,44 @@ TEST(TensorBoard, TwoFilesInOneDirectoryGetDistinctNames) {
   EXPECT_THAT(a.path(), HasSubstr("." + std::to_string(::getpid())));
 }
 
-TEST(TensorBoard, BadLinesNameFileAndLineAndLeaveNoFile) {
+// A malformed line never stops a conversion (docs/reporting.md): it is left out and
+// named with its file and line, whatever is wrong with it -- not JSON, not an object, no
+// step, a field of the wrong type, nested a million levels deep.
+TEST(TensorBoard, BadLinesAreLeftOutAndNamed) {
   test::TempDir dir;
   const std::string metrics = dir.file("metrics.jsonl");
-  test::write_text(
-      metrics, "{\"step\":0,\"loss\":1.0}\n\n{\"step\":1,\"loss\":\n{\"step\":2,\"loss\":1.0}\n");
-  std::string message =
-      test::bad_input_message([&] { telemetry::write_tensorboard(metrics, dir.file("tb")); });
-  EXPECT_THAT(message, HasSubstr(metrics + ":3"));
-  EXPECT_THAT(message, HasSubstr("not valid JSON"));
-  EXPECT_FALSE(std::filesystem::exists(dir.file("tb")));
-
-  test::write_text(metrics, "{\"step\":0,\"loss\":1.0}\n[1,2]\n");
-  EXPECT_THAT(test::bad_input_message([&] { telemetry::write_tensorboard(metrics, dir.file("tb")); }),
-              HasSubstr(metrics + ":2"));
-  test::write_text(metrics, "{\"loss\":1.0}\n");
-  EXPECT_THAT(test::bad_input_message([&] { report::write_csv(metrics, dir.file("csv")); }),
-              HasSubstr(metrics + ":1: the line has no \"step\""));
-  test::write_text(metrics, "{\"step\":-3,\"event\":\"x\"}\n");
-  EXPECT_THAT(test::bad_input_message([&] { telemetry::write_tensorboard(metrics, dir.file("tb")); }),
-              HasSubstr("non-negative integer"));
+  auto convert = [&](const std::string& text, std::vector<std::string>* skipped) {
+    test::write_text(metrics, text);
+    std::filesystem::remove_all(dir.file("tb"));
+    return telemetry::write_tensorboard(metrics, dir.file("tb"), skipped);
+  };
+  std::vector<std::string> skipped;
+  const int64_t good = convert("{\"step\":0,\"loss\":1.0}\n{\"step\":2,\"loss\":1.0}\n", &skipped);
+  EXPECT_TRUE(skipped.empty());
+  const std::string deep = std::string(1000000, '[') + std::string(1000000, ']');
+  for (const std::string& bad :
+       {std::string("{\"step\":1,\"loss\":"), std::string("[1,2]"), std::string("{\"loss\":1.0}"),
+        std::string("{\"step\":-3,\"event\":\"x\"}"), std::string("{\"step\":1,\"event\":7}"),
+        std::string("{\"step\":null,\"loss\":1}"), deep, "{\"step\":1,\"loss\":" + deep + "}"}) {
+    skipped.clear();
+    EXPECT_EQ(convert("{\"step\":0,\"loss\":1.0}\n" + bad + "\n{\"step\":2,\"loss\":1.0}\n", &skipped), good)
+        << excerpt(bad);
+    ASSERT_EQ(skipped.size(), 1u) << excerpt(bad);
+    EXPECT_THAT(skipped[0], HasSubstr(metrics + ":2")) << excerpt(bad);
+    skipped.clear();
+    test::write_text(metrics, "{\"step\":0,\"loss\":1.0}\n" + bad + "\n");
+    const auto csv = report::write_csv(metrics, dir.file("csv"));
+    EXPECT_EQ(csv.step_rows, 1) << excerpt(bad);
+    ASSERT_EQ(csv.skipped.size(), 1u) << excerpt(bad);
+    EXPECT_THAT(csv.skipped[0], HasSubstr(metrics + ":2"));
+  }
   test::write_text(metrics, "{\"step\":1,\"event\":7}\n");
-  EXPECT_THAT(test::bad_input_message([&] { telemetry::write_tensorboard(metrics, dir.file("tb")); }),
-              HasSubstr("\"event\" must be a string"));
-  EXPECT_FALSE(std::filesystem::exists(dir.file("tb")));
-  EXPECT_FALSE(std::filesystem::exists(dir.file("csv")));
+  EXPECT_THAT(report::write_csv(metrics, dir.file("csv")).skipped.at(0), HasSubstr("\"event\" must be a string"));
 
-  // The half-written last line of a crashed run (no newline) is skipped, not an error.
-  test::write_text(metrics, "{\"step\":0,\"loss\":1.0}\n{\"step\":1,\"lo");
-  EXPECT_EQ(telemetry::write_tensorboard(metrics, dir.file("tb")), 1);
+  // The half-written last line of a crashed run (no newline) is skipped silently.
+  skipped.clear();
+  EXPECT_EQ(convert("{\"step\":0,\"loss\":1.0}\n{\"step\":1,\"lo", &skipped), 1);
+  EXPECT_TRUE(skipped.empty());
 }
 
 TEST(TensorBoard, MissingInputAndUnwritableOutput) {

@@ -39,6 +39,7 @@ void add_report_command(CLI::App& app, Action& action) {
       if (!*no_html) std::printf("report: %s\n", report::write_html_report(*run_dir, *o).c_str());
       if (*csv) {
         const auto r = report::write_csv(metrics, *run_dir);
+        for (const auto& s : r.skipped) std::fprintf(stderr, "warning: left out %s\n", s.c_str());
         std::printf("csv: %s (%lld rows), %s (%lld rows)\n", r.steps_path.c_str(), (long long)r.step_rows,
                     r.telemetry_path.c_str(), (long long)r.telemetry_rows);
       }
@@ -49,7 +50,9 @@ void add_report_command(CLI::App& app, Action& action) {
         if (!existing.empty()) {
           std::printf("tensorboard: %s already holds this run's scalars; nothing written\n", existing.front().c_str());
         } else {
-          const int64_t n = telemetry::write_tensorboard(metrics, *run_dir);
+          std::vector<std::string> skipped;
+          const int64_t n = telemetry::write_tensorboard(metrics, *run_dir, &skipped);
+          for (const auto& s : skipped) std::fprintf(stderr, "warning: left out %s\n", s.c_str());
           std::printf("tensorboard: %lld scalars written into %s (tensorboard --logdir %s)\n", (long long)n,
                       run_dir->c_str(), run_dir->c_str());
         }

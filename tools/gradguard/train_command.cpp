@@ -10,6 +10,7 @@
 #include "gradguard/config/config.h"
 #include "gradguard/core/error.h"
 #include "gradguard/core/run_dir.h"
+#include "gradguard/core/stop_signals.h"
 #include "gradguard/core/fs.h"
 #include "gradguard/core/json_number.h"
 #include "gradguard/train/progress.h"
@@ -53,6 +54,7 @@ nlohmann::ordered_json summary_json(const train::TrainResult& r, const std::stri
   return {{"summary",
            {{"steps", r.steps},
             {"complete", r.complete},
+            {"preempted", r.preempted},
             {"elapsed_s", json_number(r.elapsed_s)},
             {"tokens_per_s", json_number(r.tokens_per_s)},
             {"world_size", r.world_size},
@@ -141,14 +143,20 @@ void add_train_command(CLI::App& app, Action& action) {
       }
       // A complete run is left as it was, its report included.
       const std::string report = r.complete ? "" : write_report(cfg, r.run_dir, r.rank);
-      if (r.rank != 0) return 0;  // rank 0 reports for the run
+      // Preempted: the exit code says so to the scheduler's wrapper, on every rank.
+      const int code = r.preempted ? kExitPreempted : 0;
+      if (r.rank != 0) return code;  // rank 0 reports for the run
       if (json_summary) {
         std::printf("%s\n", summary_json(r, report).dump().c_str());
-        return 0;
+        return code;
       }
       if (r.complete)
         std::printf("\nrun %s is complete (step %lld of %lld); nothing to do\n", r.run_dir.c_str(),
                     (long long)r.steps, (long long)cfg.schedule.total_steps);
+      else if (r.preempted)
+        std::printf("\nstopped by %s after %lld of %lld steps (exit %d); resume with: gradguard train --resume %s\n",
+                    r.stop_signal.c_str(), (long long)r.steps, (long long)cfg.schedule.total_steps, kExitPreempted,
+                    r.run_dir.c_str());
       else
         std::printf("\nsummary: %lld steps in %s (%.0f tokens/s%s), %lld skipped%s\n", (long long)r.steps,
                   train::format_duration(r.elapsed_s).c_str(), r.tokens_per_s,
@@ -163,7 +171,7 @@ void add_train_command(CLI::App& app, Action& action) {
                   (long long)r.snapshots, r.last_snapshot.empty() ? "" : ", newest ", r.last_snapshot.c_str());
       std::printf("  run dir     %s\n  checkpoint  %s\n", r.run_dir.c_str(), r.checkpoint_dir.c_str());
       if (!report.empty()) std::printf("  report      %s\n", report.c_str());
-      return 0;
+      return code;
     };
   });
 }

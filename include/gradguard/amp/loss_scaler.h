@@ -110,7 +110,7 @@ class LossScaler {
   // that differs from this scaler's. Options that changed since the state was saved win:
   // a dynamic scale is clamped to [min_scale, max_scale], the counters to the current
   // growth_interval / hysteresis; static and off keep the scale from the options.
-  void load_state_dict(const nlohmann::json& state);
+  void load_state_dict(const nlohmann::json& state, const std::string& where = "loss scaler state");
 
  private:
   LossScalerOptions options_;

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace gradguard::report {
 
@@ -32,13 +33,13 @@ struct CsvExport {
   std::string telemetry_path;  // <out_dir>/telemetry.csv (header only when there is no telemetry)
   int64_t step_rows = 0;       // rows below the header
   int64_t telemetry_rows = 0;
+  std::vector<std::string> skipped;  // "<metrics_path>:<line>: why" for each malformed line left out
 };
 
 // Writes steps.csv and telemetry.csv into `out_dir` (created if missing), each atomically
 // (temporary file, fsync, rename), so a reader never sees half a table. The input is read
-// and checked before anything is written: a bad line is gradguard::Error (bad input)
-// naming "<metrics_path>:<line>"; output failures are gradguard::Error (runtime) naming
-// the file.
+// and checked before anything is written: a malformed line is left out and listed in
+// `skipped`; output failures are gradguard::Error (runtime) naming the file.
 CsvExport write_csv(const std::string& metrics_path, const std::string& out_dir);
 
 }  // namespace gradguard::report

@@ -48,6 +48,18 @@ void verify_checkpoint(const std::string& dir);
 // directories newest first. Each rejected one adds a line to `rejected`. Throws
 // gradguard::Error (bad input) when the run has none.
 std::string find_resumable(const std::string& run_dir, std::vector<std::string>* rejected);
+// Every checkpoint of a run that verifies, newest first (`latest` leads); the ones that do
+// not are reported in `rejected`. A directory that cannot be listed (a symlink loop, no
+// permission) is reported too. Throws gradguard::Error (bad input) when none verifies.
+std::vector<std::string> resumable_checkpoints(const std::string& run_dir, std::vector<std::string>* rejected);
+
+// The architecture keys (vocab, widths, layers, heads, tied embeddings) on which the
+// model saved in checkpoint `dir` and `current` differ, as "model.num_layers = 2 but the
+// configuration asks for 3"; empty when they agree. Throws gradguard::Error (bad input)
+// when the checkpoint's config.json cannot be read. A difference is a configuration that
+// changed between save and resume, not a broken checkpoint: resume stops there instead
+// of trying older checkpoints (which have the same architecture).
+std::string architecture_difference(const std::string& dir, const model::LlamaOptions& current);
 
 // Loads a verified checkpoint into the model and optimizer (which must have the same
 // architecture and parameter groups). Throws gradguard::Error (bad input) naming the

@@ -1,7 +1,9 @@
 // gradguard::Error is the one exception type users see. It carries a kind that the CLI
 // maps to an exit code (docs/design.md: 2 bad input, 3 halted by the guard, 1 anything
-// else), and, for bad input, where the problem is (a file, a config key) so the message
-// can name it. Broken internal invariants are not Errors: they assert.
+// else; 4, a run stopped by SIGTERM/SIGINT after its checkpoint, is a result, not an
+// Error: core/stop_signals.h), and, for bad input, where the problem is (a file, a
+// config key) so the message can name it. Broken internal invariants are not Errors:
+// they assert.
 #pragma once
 
 #include <stdexcept>

@@ -34,9 +34,11 @@ class AtomicFile {
 // Writes a whole file atomically.
 void write_file_atomic(const std::string& path, const std::string& contents);
 
-// Reads a whole file. Throws gradguard::Error (bad input) naming the path when it is
-// missing or unreadable.
-std::string read_file(const std::string& path);
+// Reads a whole regular file of at most `max_bytes`. Throws gradguard::Error (bad
+// input) naming the path when it is missing, unreadable, not a regular file (a
+// directory, /dev/zero, a FIFO) or larger than the limit.
+inline constexpr size_t kMaxReadBytes = size_t{1} << 30;  // 1 GiB
+std::string read_file(const std::string& path, size_t max_bytes = kMaxReadBytes);
 
 bool exists(const std::string& path);
 

@@ -28,10 +28,14 @@ struct LaunchOptions {
 // Starts options.nproc copies of `args` and returns the launcher's exit code once every
 // rank is gone:
 //   0        every rank exited 0;
-//   2 or 3   the first rank to fail exited with that code (bad input / halted);
+//   2, 3, 4  the first rank to fail exited with that code (bad input / halted /
+//            preempted);
 //   1        the first rank to fail exited with another code or was killed by a signal;
-//   128+sig  the launcher received SIGINT, SIGTERM or SIGHUP (forwarded to the ranks),
-//            unless a rank had already failed (then that rank's code wins).
+//   4        the launcher received SIGINT or SIGTERM, forwarded it, and every rank
+//            stopped cleanly after its checkpoint (kExitPreempted: resume the run);
+//   128+sig  the launcher received SIGINT, SIGTERM or SIGHUP (forwarded to the ranks)
+//            and the ranks did not all stop cleanly, unless a rank had already failed
+//            (then that rank's code wins).
 // args[0] in `self_commands` (gradguard's own subcommands) runs `self_exe` with `args`;
 // any other args[0] is a program looked up on PATH (`torchrun --no-python` style).
 // Throws gradguard::Error (bad input) before starting anything for invalid options, empty

@@ -100,7 +100,9 @@ class Clipper {
   ClipResult apply(const GradStats& stats);
 
   nlohmann::json state_dict() const;            // history window / EMA state
-  void load_state_dict(const nlohmann::json&);  // throws gradguard::Error (bad input)
+  // Checks every field before it changes anything; throws gradguard::Error (bad input)
+  // naming `where` and the field.
+  void load_state_dict(const nlohmann::json& state, const std::string& where = "clipper state");
 
  private:
   void scale_all(double coef);

@@ -92,7 +92,9 @@ class AnomalyDetector {
   const std::vector<std::string>& layer_names() const { return layer_names_; }
 
   nlohmann::json state_dict() const;
-  void load_state_dict(const nlohmann::json& state);  // throws gradguard::Error (bad input)
+  // Checks every field before it changes anything; throws gradguard::Error (bad input)
+  // naming `where` and the field.
+  void load_state_dict(const nlohmann::json& state, const std::string& where = "detector state");
 
  private:
   GuardOptions options_;

@@ -11,7 +11,7 @@
 //                                              optimizer step unless skipped
 //   act on outcome.recovery (rollback, halt)   the loop: only it knows its checkpoints
 //
-// Side values (the loss, per-micro-batch losses, the noise-scale norm) travel as named
+// Side values (the loss, per-micro-batch losses, the noise-scale norm, a stop request) travel as named
 // tensor fields of StepInputs and come back as named host values in StepOutcome; they
 // are packed into the statistics' single copy here and nowhere else. What the step
 // cannot know by itself reaches it through hooks set once: how to step and inspect the
@@ -77,6 +77,9 @@ struct StepInputs {
   double noise_share = 0;
   double noise_micro_batch = 0;
   double noise_global_batch = 0;
+  // 0-dim, optional: > 0 when a process of the run was asked to stop (SIGTERM/SIGINT);
+  // data parallelism sums every rank's flag here, so all ranks learn it in the same read.
+  at::Tensor stop_request;
   double lr = std::numeric_limits<double>::quiet_NaN();  // the learning rate of this step (host)
   std::string injected;     // a fault injected on purpose at this step ("" = none), for the diagnosis
 };
@@ -109,6 +112,7 @@ struct StepOutcome {
                                      // the scaler is stuck with the guard off
   std::string halt_message;
   double step_seconds = 0;           // wall time since the previous step() returned (0 for the first)
+  bool stop_requested = false;       // inputs.stop_request was > 0: the loop should stop after this step
 
   bool skipped() const { return !applied; }
   bool rollback() const { return recovery && recovery->action == RecoveryAction::kRollback; }
@@ -169,10 +173,13 @@ class GuardedStep {
   // {"scaler", "clipper", "last_scale_growth", "guard": {"detector", "recovery",
   // "noise_scale"}}: what trainer_state.json has always held under these keys.
   nlohmann::json state_dict() const;
-  // Throws gradguard::Error (bad input) naming `where` for a malformed state.
+  // Throws gradguard::Error (bad input) naming `where` and the field for a malformed
+  // state; every field is checked before any is applied.
   void load_state_dict(const nlohmann::json& state, RestoreScope scope, const std::string& where);
 
  private:
+  void apply_state(const nlohmann::json& state, RestoreScope scope, const std::string& where);
+
   GuardedStepOptions options_;
   std::vector<at::Tensor> params_;
   std::vector<std::string> names_;

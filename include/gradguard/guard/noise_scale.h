@@ -33,7 +33,9 @@ class NoiseScaleEstimator {
   int64_t count() const { return count_; }
 
   nlohmann::json state_dict() const;
-  void load_state_dict(const nlohmann::json& state);  // throws gradguard::Error (bad input)
+  // Checks every field before it changes anything; throws gradguard::Error (bad input)
+  // naming `where` and the field.
+  void load_state_dict(const nlohmann::json& state, const std::string& where = "noise-scale state");
 
  private:
   double ema_;

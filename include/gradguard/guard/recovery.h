@@ -44,7 +44,9 @@ class RecoveryLadder {
   int64_t budget_left(RecoveryAction action) const;  // -1 for halt
 
   nlohmann::json state_dict() const;
-  void load_state_dict(const nlohmann::json& state);  // throws gradguard::Error (bad input)
+  // Checks every field before it changes anything; throws gradguard::Error (bad input)
+  // naming `where` and the field.
+  void load_state_dict(const nlohmann::json& state, const std::string& where = "recovery state");
 
  private:
   RecoveryOptions options_;

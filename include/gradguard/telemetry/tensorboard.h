@@ -56,11 +56,14 @@ int64_t metrics_line_step(const nlohmann::ordered_json& line);
 
 // Calls `fn(line_number, object)` for every non-blank line of the metrics.jsonl at `path`
 // (line numbers 1-based). A last line without its newline that does not parse is skipped:
-// it is the line a crashed trainer was writing. Throws gradguard::Error (bad input) naming
-// "<path>:<line>" for a line that is not a JSON object, and re-throws bad-input Errors from
-// `fn` with that location in front; a missing file is bad input naming the path.
+// it is the line a crashed trainer was writing. A line that is not JSON (or nested past
+// core/json_read.h's limits), and a line `fn` rejects with a bad-input Error, is handed
+// to `on_bad_line(line_number, "<path>:<line>: why")` and skipped; without
+// `on_bad_line` it is gradguard::Error (bad input) naming "<path>:<line>". A missing file
+// is bad input naming the path.
 void for_each_metrics_line(const std::string& path,
-                           const std::function<void(int64_t, const nlohmann::ordered_json&)>& fn);
+                           const std::function<void(int64_t, const nlohmann::ordered_json&)>& fn,
+                           const std::function<void(int64_t, const std::string&)>& on_bad_line = {});
 
 // ---- tags ------------------------------------------------------------------------------
 
@@ -157,6 +160,9 @@ class EventWriter {
 // time of the latest step line before them (`start` before the first).
 // TensorBoard merges every event file of a directory into one run, so convert into a
 // directory that holds no other event file of the same run.
-int64_t write_tensorboard(const std::string& metrics_path, const std::string& out_dir);
+// Malformed lines are left out; `skipped`, when given, receives one "<path>:<line>: why"
+// for each.
+int64_t write_tensorboard(const std::string& metrics_path, const std::string& out_dir,
+                          std::vector<std::string>* skipped = nullptr);
 
 }  // namespace gradguard::telemetry

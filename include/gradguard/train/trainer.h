@@ -18,6 +18,8 @@ struct TrainResult {
   int64_t steps = 0;            // optimizer steps completed (including those before a resume)
   int64_t resumed_from = -1;    // step the run resumed from; -1 for a fresh run
   bool complete = false;        // a resumed run that had already finished: nothing ran, nothing changed
+  bool preempted = false;       // stopped by SIGTERM/SIGINT after a complete step and its checkpoint
+  std::string stop_signal;      // "SIGTERM" | "SIGINT" (preempted only)
   int64_t skipped_steps = 0;    // optimizer updates not applied (overflows and anomalies)
   int64_t anomalies = 0;        // anomaly events (warnings included)
   int64_t recovery_actions = 0; // actions the recovery ladder took
