@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything gradguard needs from Debian's and npm's registries, builds it
-# (Release, into build/) and prepares the default dataset (the Brown corpus as byte-level
+# (Release, into build/, the Python module included), makes `import gradguard` work for
+# /usr/bin/python3 and prepares the default dataset (the Brown corpus as byte-level
 # token files in data/brown/). Safe to run again: each step is skipped when already done.
 # Any failure stops the script with a message saying which step failed.
 set -euo pipefail
@@ -16,6 +17,7 @@ APT_PACKAGES=(
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libspdlog-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch                                     # Python reference for parity tests/benchmarks
+  pybind11-dev python3-dev                          # the Python module (python/, docs/python.md)
   iproute2                                          # ip netns/veth: the two-host data-parallel test
   chromium                                          # headless browser test of report.html
   clang-14 libclang-rt-14-dev llvm-14               # libFuzzer + ASan/UBSan for scripts/fuzz.sh
@@ -49,6 +51,19 @@ fi
 step "building (Release) into build/"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)"
+
+step "registering the Python module for /usr/bin/python3"
+# A .pth file in the interpreter's site directory (/usr/local/lib/python3.X/dist-packages)
+# puts build/python on its path, so `import gradguard` finds the module as built.
+[ -f build/python/gradguard/__init__.py ] || fail "build/python/gradguard was not built (is pybind11-dev installed?)"
+site_dir=$(/usr/bin/python3 -c 'import site; print(site.getsitepackages()[0])')
+pth="$site_dir/gradguard.pth"
+if [ "$(cat "$pth" 2>/dev/null)" != "$PWD/build/python" ]; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO mkdir -p "$site_dir"
+  echo "$PWD/build/python" | $SUDO tee "$pth" >/dev/null
+fi
+(cd / && /usr/bin/python3 -c 'import gradguard; print("import gradguard:", gradguard.__file__)')
 
 step "preparing the default dataset (data/brown)"
 if [ ! -f data/brown/train.bin ] || [ ! -f data/brown/val.bin ]; then
