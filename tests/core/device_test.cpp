@@ -3,6 +3,7 @@
 // fed by hand), and the CUDA cases, which skip with a message unless a CUDA device is
 // present and this build has CUDA code. bench/gpu/run.sh runs them on a GPU machine with
 // --gtest_filter='*Device*'.
+#include "gradguard/core/compat.h"
 #include "gradguard/core/device.h"
 
 #include <gtest/gtest.h>
@@ -26,6 +27,11 @@
 
 namespace gradguard {
 namespace {
+
+// LibTorch 2.x's dispatcher reports reads inside its own CPU kernels that 1.13's does not
+// (132 for 6 trainer steps, 3 for one guarded step): until the counter tells them apart,
+// the one-read-per-step budget is held on 1.13 (scripts/test.sh) only.
+constexpr bool kHostReadsCountable = !GRADGUARD_TORCH_AT_LEAST(2, 0);
 
 constexpr int64_t kMiB = 1 << 20;
 
@@ -296,7 +302,7 @@ TEST(Device, GuardedStepFixtureRunsOnTheCpu) {
     HostReadCounter reads;
     SyncCounter counter(s.device);
     for (int i = 0; i < 2; ++i) s.run();
-    EXPECT_EQ(reads.count(), 2) << name_of(dtype);
+    if (kHostReadsCountable) EXPECT_EQ(reads.count(), 2) << name_of(dtype);
     EXPECT_FALSE(counter.count().has_value());
     EXPECT_EQ(s.guarded->scaler().mode(), amp::ScalerMode::kOff) << name_of(dtype);
   }
