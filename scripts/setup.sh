@@ -17,6 +17,7 @@ APT_PACKAGES=(
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libspdlog-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch                                     # Python reference for parity tests/benchmarks
+  python3-jinja2                                    # reference for chat templates (tests/golden/chat_templates.py)
   pybind11-dev python3-dev                          # the Python module (python/, docs/python.md)
   libpcre2-dev libutf8proc-dev                      # tokenizers (docs/tokenizers.md)
   nodejs                                            # runs the JavaScript reference tokenizer in the tests
