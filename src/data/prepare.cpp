@@ -12,6 +12,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -22,6 +27,7 @@
 #include "gradguard/core/error.h"
 #include "gradguard/core/json_read.h"
 #include "gradguard/data/token_file.h"
+#include "gradguard/data/tokenizer.h"
 
 namespace gradguard::data {
 namespace {
@@ -178,6 +184,53 @@ void append_tokens(const std::string& text, bool separator, std::vector<uint16_t
   for (const unsigned char c : text) out.push_back(c);
 }
 
+// Documents to ids with a real tokenizer, on several threads: thread k takes documents
+// k, k + n, k + 2n, ...; the caller's progress callback runs on this thread only.
+std::vector<std::vector<int32_t>> encode_documents(const Tokenizer& tokenizer, const std::vector<std::string>& docs,
+                                                   int threads, const PrepareProgress& progress) {
+  std::vector<std::vector<int32_t>> out(docs.size());
+  std::atomic<int64_t> done{0};
+  std::exception_ptr failure;
+  std::mutex failure_mutex;
+  const int n = std::max(1, std::min<int>(threads, static_cast<int>(docs.size())));
+  std::vector<std::thread> pool;
+  for (int k = 0; k < n; ++k) {
+    pool.emplace_back([&, k] {
+      try {
+        for (size_t i = static_cast<size_t>(k); i < docs.size(); i += static_cast<size_t>(n)) {
+          out[i] = tokenizer.encode(docs[i], true);
+          if (tokenizer.eos_id() >= 0 && (out[i].empty() || out[i].back() != tokenizer.eos_id())) {
+            out[i].push_back(tokenizer.eos_id());
+          }
+          ++done;
+        }
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(failure_mutex);
+        if (!failure) failure = std::current_exception();
+        done = static_cast<int64_t>(docs.size());
+      }
+    });
+  }
+  const auto total = static_cast<int64_t>(docs.size());
+  int64_t reported = -1;
+  while (true) {
+    const int64_t now = done.load();
+    if (progress && now != reported) progress(now, total);
+    reported = now;
+    if (now >= total) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  for (auto& t : pool) t.join();
+  if (failure) std::rethrow_exception(failure);
+  return out;
+}
+
+// The byte offset nearest below `cut` that starts a UTF-8 character.
+size_t utf8_boundary(const std::string& text, size_t cut) {
+  while (cut > 0 && cut < text.size() && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return cut;
+}
+
 }  // namespace
 
 void PrepareOptions::validate() const {
@@ -187,6 +240,9 @@ void PrepareOptions::validate() const {
   parse_format(format);
   if (out_dir.empty()) {
     throw bad_input("prepare.out_dir", "is empty: name the directory for train.bin and val.bin");
+  }
+  if (threads < 0 || threads > 1024) {
+    throw bad_input("prepare.threads", "must be in [0, 1024] (0 = one per core), got " + std::to_string(threads));
   }
   if (!(val_fraction >= 0.0 && val_fraction <= 0.5)) {
     throw bad_input("prepare.val_fraction",
@@ -273,6 +329,35 @@ PrepareResult prepare_dataset(const PrepareOptions& options, const PrepareProgre
 
   const double f = options.val_fraction;
   const auto total = static_cast<int64_t>(docs.size());
+  if (!options.tokenizer.empty()) {
+    const Tokenizer tokenizer = Tokenizer::load(options.tokenizer);
+    if (total == 1) {
+      // One document: its first (1-f) of bytes train, the rest validate.
+      const std::string doc = docs.front();
+      const size_t cut = utf8_boundary(doc, static_cast<size_t>(std::floor((1.0 - f) * static_cast<double>(doc.size()))));
+      docs = {doc.substr(0, cut), doc.substr(cut)};
+    }
+    const int threads = options.threads > 0 ? options.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const auto encoded = encode_documents(tokenizer, docs, threads, progress);
+    std::vector<uint32_t> train_ids, val_ids;
+    for (size_t i = 0; i < encoded.size(); ++i) {
+      const bool to_val = total == 1 ? i == 1
+                                     : std::floor(static_cast<double>(i + 1) * f) > std::floor(static_cast<double>(i) * f);
+      auto& split = to_val ? val_ids : train_ids;
+      split.insert(split.end(), encoded[i].begin(), encoded[i].end());
+    }
+    TokenFileMeta meta;
+    meta.dataset_id = new_dataset_id();
+    meta.tokenizer_hash = tokenizer.hash();
+    meta.vocab_size = tokenizer.vocab_size();
+    write_token_file(result.train_path, train_ids, meta);
+    write_token_file(result.val_path, val_ids, meta);
+    result.documents = total;
+    result.train_tokens = static_cast<int64_t>(train_ids.size());
+    result.val_tokens = static_cast<int64_t>(val_ids.size());
+    result.tokenizer_identity = tokenizer.identity();
+    return result;
+  }
   std::vector<uint16_t> train;
   std::vector<uint16_t> val;
   if (total == 1) {

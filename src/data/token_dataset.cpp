@@ -107,7 +107,6 @@ Batch TokenDataset::batch(const std::vector<int64_t>& samples) const {
   Batch out{torch::empty({rows, seq_len_}, options), torch::empty({rows, seq_len_}, options)};
   int64_t* inputs = out.inputs.data_ptr<int64_t>();
   int64_t* targets = out.targets.data_ptr<int64_t>();
-  const uint16_t* tokens = file_->data();
   Permutation perm;  // of epoch `perm_epoch`: looked up once per epoch the rows span, not per row
   int64_t perm_epoch = -1;
   for (int64_t r = 0; r < rows; ++r) {
@@ -118,10 +117,17 @@ Batch TokenDataset::batch(const std::vector<int64_t>& samples) const {
       perm = permutation(perm_epoch);
     }
     // Window [p, p+T] lies inside the file: p <= (N-1)*T and N*T <= size-1.
-    const uint16_t* window = tokens + offset_in(k, perm);
-    for (int64_t t = 0; t < seq_len_; ++t) {
-      inputs[r * seq_len_ + t] = window[t];
-      targets[r * seq_len_ + t] = window[t + 1];
+    const int64_t offset = offset_in(k, perm);
+    const auto copy = [&](const auto* window) {
+      for (int64_t t = 0; t < seq_len_; ++t) {
+        inputs[r * seq_len_ + t] = window[t];
+        targets[r * seq_len_ + t] = window[t + 1];
+      }
+    };
+    if (file_->width() == 2) {
+      copy(file_->data() + offset);
+    } else {
+      copy(file_->data32() + offset);
     }
   }
   return out;

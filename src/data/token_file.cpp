@@ -78,13 +78,11 @@ class FdGuard {
 
 }  // namespace
 
-void write_token_file(const std::string& path, const std::vector<uint16_t>& tokens, uint64_t dataset_id) {
+namespace {
+// Both versions: the header ints given, then the tokens at `width` bytes each.
+template <class Token>
+void write_tokens(const std::string& path, const std::vector<Token>& tokens, const int32_t (&ints)[10], int width) {
   namespace fs = std::filesystem;
-  if (tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
-    throw bad_input(path, std::to_string(tokens.size()) +
-                              " tokens do not fit the header's int32 token count; "
-                              "split the corpus into several files");
-  }
   const fs::path target(path);
   fs::path dir = target.parent_path();
   if (!dir.empty()) {
@@ -111,23 +109,21 @@ void write_token_file(const std::string& path, const std::vector<uint16_t>& toke
   };
 
   unsigned char header[kTokenFileHeaderBytes] = {};
-  put_le32(header + 0, kTokenFileMagic);
-  put_le32(header + 4, kTokenFileVersion);
-  put_le32(header + 8, static_cast<int32_t>(tokens.size()));
-  put_le32(header + 12, static_cast<int32_t>(static_cast<uint32_t>(dataset_id & 0xffffffffu)));
-  put_le32(header + 16, static_cast<int32_t>(static_cast<uint32_t>(dataset_id >> 32)));
+  for (int i = 0; i < 10; ++i) put_le32(header + 4 * i, ints[i]);
   if (int err = write_all(fd.get(), header, sizeof(header))) throw fail("cannot write", err);
 
   // Tokens go out in chunks converted to little-endian bytes.
   constexpr size_t kChunk = 1 << 16;
-  std::vector<unsigned char> buf(2 * kChunk);
+  std::vector<unsigned char> buf(static_cast<size_t>(width) * kChunk);
   for (size_t begin = 0; begin < tokens.size(); begin += kChunk) {
     const size_t end = std::min(tokens.size(), begin + kChunk);
     for (size_t i = begin; i < end; ++i) {
-      buf[2 * (i - begin)] = static_cast<unsigned char>(tokens[i] & 0xffu);
-      buf[2 * (i - begin) + 1] = static_cast<unsigned char>(tokens[i] >> 8);
+      const auto value = static_cast<uint32_t>(tokens[i]);
+      for (int b = 0; b < width; ++b) {
+        buf[static_cast<size_t>(width) * (i - begin) + b] = static_cast<unsigned char>((value >> (8 * b)) & 0xffu);
+      }
     }
-    if (int err = write_all(fd.get(), buf.data(), 2 * (end - begin)))
+    if (int err = write_all(fd.get(), buf.data(), static_cast<size_t>(width) * (end - begin)))
       throw fail("cannot write", err);
   }
   if (::fsync(fd.get()) != 0) throw fail("cannot fsync", errno);
@@ -135,6 +131,44 @@ void write_token_file(const std::string& path, const std::vector<uint16_t>& toke
   if (::rename(tmp.c_str(), path.c_str()) != 0)
     throw fail("cannot rename temporary file into place", errno);
   renamed = true;
+}
+
+int32_t low32(uint64_t v) { return static_cast<int32_t>(static_cast<uint32_t>(v & 0xffffffffu)); }
+int32_t high32(uint64_t v) { return static_cast<int32_t>(static_cast<uint32_t>(v >> 32)); }
+uint64_t join32(const unsigned char* low) {
+  return static_cast<uint64_t>(static_cast<uint32_t>(get_le32(low))) |
+         static_cast<uint64_t>(static_cast<uint32_t>(get_le32(low + 4))) << 32;
+}
+}  // namespace
+
+void write_token_file(const std::string& path, const std::vector<uint16_t>& tokens, uint64_t dataset_id) {
+  if (tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+    throw bad_input(path, std::to_string(tokens.size()) +
+                              " tokens do not fit the header's int32 token count; "
+                              "split the corpus into several files");
+  }
+  const int32_t ints[10] = {kTokenFileMagic, kTokenFileVersion, static_cast<int32_t>(tokens.size()),
+                            low32(dataset_id), high32(dataset_id), 0, 0, 0, 0, 0};
+  write_tokens(path, tokens, ints, 2);
+}
+
+void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens, const TokenFileMeta& meta) {
+  if (meta.vocab_size < 1 || meta.vocab_size > std::numeric_limits<int32_t>::max()) {
+    throw bad_input(path, "vocab_size " + std::to_string(meta.vocab_size) + " must be in [1, 2^31)");
+  }
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] >= static_cast<uint64_t>(meta.vocab_size)) {
+      throw bad_input(path, "token " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
+                                " is outside the vocabulary (vocab_size " + std::to_string(meta.vocab_size) + ")");
+    }
+  }
+  const int width = meta.vocab_size <= 65536 ? 2 : 4;
+  const uint64_t count = tokens.size();
+  const int32_t ints[10] = {kTokenFileMagic,        kTokenFileVersion2,      low32(count),
+                            low32(meta.dataset_id), high32(meta.dataset_id), width,
+                            high32(count),          low32(meta.tokenizer_hash), high32(meta.tokenizer_hash),
+                            static_cast<int32_t>(meta.vocab_size)};
+  write_tokens(path, tokens, ints, width);
 }
 
 TokenFile::TokenFile(const std::string& path, int64_t vocab_size) : path_(path) {
@@ -158,30 +192,41 @@ TokenFile::TokenFile(const std::string& path, int64_t vocab_size) : path_(path) 
     const auto* bytes = static_cast<const unsigned char*>(map_);
     const int32_t magic = get_le32(bytes);
     const int32_t version = get_le32(bytes + 4);
-    const int64_t count = get_le32(bytes + 8);
+    int64_t count = get_le32(bytes + 8);
     if (magic != kTokenFileMagic) {
       throw bad_input(path, "bad magic number " + std::to_string(magic) + " (expected " +
                                 std::to_string(kTokenFileMagic) +
                                 "): not a token file written by `gradguard prepare` or llm.c");
     }
-    if (version != kTokenFileVersion) {
+    if (version != kTokenFileVersion && version != kTokenFileVersion2) {
       throw bad_input(path, "unsupported version " + std::to_string(version) + " (supported: " +
-                                std::to_string(kTokenFileVersion) + ", uint16 tokens)");
+                                std::to_string(kTokenFileVersion) + ", uint16 tokens; " +
+                                std::to_string(kTokenFileVersion2) + ", uint16 or uint32 tokens and a tokenizer)");
+    }
+    version_ = version;
+    if (version == kTokenFileVersion2) {
+      width_ = get_le32(bytes + 20);
+      if (width_ != 2 && width_ != 4) {
+        throw bad_input(path, "header says tokens are " + std::to_string(width_) + " bytes wide (must be 2 or 4)");
+      }
+      count = static_cast<int64_t>(static_cast<uint32_t>(get_le32(bytes + 8))) |
+              static_cast<int64_t>(static_cast<uint32_t>(get_le32(bytes + 24))) << 32;
+      tokenizer_hash_ = join32(bytes + 28);
+      tokenizer_vocab_size_ = get_le32(bytes + 36);
     }
     const int64_t token_bytes = file_bytes - kTokenFileHeaderBytes;
-    if (count < 0 || 2 * count != token_bytes) {
+    if (count < 0 || count > token_bytes || width_ * count != token_bytes) {
       throw bad_input(path, "header says " + std::to_string(count) + " tokens (" +
-                                std::to_string(2 * count) + " bytes) but file has " +
+                                std::to_string(width_ * count) + " bytes) but file has " +
                                 std::to_string(token_bytes) + " bytes of tokens");
     }
-    tokens_ = reinterpret_cast<const uint16_t*>(bytes + kTokenFileHeaderBytes);
+    tokens_ = bytes + kTokenFileHeaderBytes;
     num_tokens_ = count;
-    dataset_id_ = static_cast<uint64_t>(static_cast<uint32_t>(get_le32(bytes + 12))) |
-                  static_cast<uint64_t>(static_cast<uint32_t>(get_le32(bytes + 16))) << 32;
+    dataset_id_ = join32(bytes + 12);
     if (vocab_size > 0) {
       for (int64_t i = 0; i < num_tokens_; ++i) {
-        if (tokens_[i] >= vocab_size) {
-          throw bad_input(path, "token " + std::to_string(tokens_[i]) + " at position " +
+        if (token(i) >= vocab_size) {
+          throw bad_input(path, "token " + std::to_string(token(i)) + " at position " +
                                     std::to_string(i) + " is outside the vocabulary (vocab_size " +
                                     std::to_string(vocab_size) + ")");
         }

@@ -77,8 +77,9 @@ Tokenizer Tokenizer::load(const std::string& path) {
   const std::string bytes = fs::read_file(file);
   Tokenizer t;
   t.path_ = file;
+  t.hash_ = fnv1a64(bytes);
   char hex[32];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fnv1a64(bytes)));
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(t.hash_));
   t.identity_ = std::string("fnv1a64:") + hex;
   const size_t first = bytes.find_first_not_of(" \t\r\n");
   nlohmann::json config;
@@ -105,6 +106,12 @@ Tokenizer Tokenizer::load(const std::string& path) {
   if (t.bos_token_.empty() && t.bos_id_ >= 0) t.bos_token_ = t.token_text(t.bos_id_);
   if (t.eos_token_.empty() && t.eos_id_ >= 0) t.eos_token_ = t.token_text(t.eos_id_);
   return t;
+}
+
+uint64_t tokenizer_file_hash(const std::string& path) {
+  const std::string file = is_directory(path) ? path + "/tokenizer.json" : path;
+  if (!fs::exists(file)) return 0;
+  return fnv1a64(fs::read_file(file));
 }
 
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;

@@ -2,6 +2,7 @@
 // run directory (fresh, or an existing one to resume), the pieces of trainer state that
 // checkpoints carry (trainer_state.json) and restore, rollback, and the result a resumed
 // run starts from. The step loop is in trainer.cpp.
+#include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <limits>
@@ -15,6 +16,7 @@
 
 #include "gradguard/checkpoint/hf_checkpoint.h"
 #include "gradguard/checkpoint/trainer_checkpoint.h"
+#include "gradguard/data/tokenizer.h"
 #include "gradguard/core/allocator.h"
 #include "gradguard/core/device.h"
 #include "gradguard/core/error.h"
@@ -262,6 +264,25 @@ Trainer::Trainer(config::Config config, std::FILE* out, const std::string& resum
   }
 }
 
+namespace {
+// A model fine-tuned from a directory with a tokenizer.json must read ids made by that
+// tokenizer: ids from another one (or bytes) are in range and would train silently on
+// garbage. Version-2 token files record their tokenizer's hash (data/token_file.h).
+void check_tokenizer(const data::TokenFile& file, const std::string& init_from) {
+  if (init_from.empty()) return;
+  const uint64_t model_hash = data::tokenizer_file_hash(init_from);
+  if (model_hash == 0 || file.tokenizer_hash() == model_hash) return;
+  char hashes[80];
+  std::snprintf(hashes, sizeof hashes, "%016llx, the model's is %016llx", (unsigned long long)file.tokenizer_hash(),
+                (unsigned long long)model_hash);
+  throw bad_input(file.path(), std::string("was not made with the model's tokenizer (") +
+                                   (file.tokenizer_hash() == 0 ? "it has no tokenizer recorded: byte-level or llm.c ids"
+                                                               : std::string("its tokenizer hash is ") + hashes) +
+                                   "; model.init_from " + init_from + " has a tokenizer.json): prepare the data again "
+                                   "with `gradguard prepare --tokenizer " + init_from + "`");
+}
+}  // namespace
+
 void Trainer::State::build() {
   auto& c = cfg;
   if (!c.model.init_from.empty()) {
@@ -271,6 +292,7 @@ void Trainer::State::build() {
     c.finalize(env.world_size);
   }
   auto train_file = std::make_shared<data::TokenFile>(c.data.train_path, c.model.vocab_size);
+  check_tokenizer(*train_file, c.model.init_from);
   train = std::make_shared<data::TokenDataset>(train_file, c.data.seq_len, c.data.shuffle, c.run.seed);
   if (!c.data.val_path.empty()) {
     auto val_file = std::make_shared<data::TokenFile>(c.data.val_path, c.model.vocab_size);

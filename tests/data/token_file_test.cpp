@@ -141,11 +141,11 @@ TEST(TokenFile, WrongMagicIsBadInput) {
 
 TEST(TokenFile, UnsupportedVersionIsBadInput) {
   test::TempDir dir;
-  const std::string path = dir.file("v2.bin");
-  test::write_text(path, raw_token_file(20240520, 2, 2, {1, 2}));
+  const std::string path = dir.file("v3.bin");
+  test::write_text(path, raw_token_file(20240520, 3, 2, {1, 2}));
   const std::string msg = bad_input_message([&] { TokenFile file(path, 256); });
   EXPECT_THAT(msg, HasSubstr(path));
-  EXPECT_THAT(msg, HasSubstr("unsupported version 2"));
+  EXPECT_THAT(msg, HasSubstr("unsupported version 3"));
 }
 
 TEST(TokenFile, HeaderClaimingMoreTokensIsBadInput) {

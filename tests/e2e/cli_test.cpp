@@ -246,6 +246,31 @@ TEST_F(Cli, InitFromContinuesFromACheckpoint) {
   EXPECT_LT(metrics("second")[0]["val_loss"].get<double>(), metrics("tiny")[0]["val_loss"].get<double>() - 0.3);
 }
 
+TEST_F(Cli, InitFromRefusesDataOfAnotherTokenizer) {
+  ASSERT_EQ(run_cli(train_args(), dir_.path()).exit_code, 0);
+  // The checkpoint gets a tokenizer (printable ASCII, one id per character, 95 < the
+  // model's 256): the byte-level data is no longer the model's.
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int c = 32; c < 127; ++c) vocab[std::string(1, static_cast<char>(c))] = c - 32;
+  const nlohmann::json tokenizer = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
+  const std::string ckpt = "runs/tiny/checkpoints/step-0000006";
+  test::write_text(dir_.file(ckpt + "/tokenizer.json"), tokenizer.dump());
+  auto r = run_cli(train_args("--name second --set model.init_from=" + ckpt), dir_.path());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("data/train.bin: was not made with the model's tokenizer (it has no tokenizer "
+                                  "recorded"));
+  EXPECT_THAT(r.output, HasSubstr("gradguard prepare --tokenizer " + ckpt));
+  // Prepared with that tokenizer, the same text trains.
+  r = run_cli("prepare corpus.txt --out data2 --val-fraction 0.2 --tokenizer " + ckpt, dir_.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("tokenizer fnv1a64:"));
+  r = run_cli("train --config '" + test::source_path("configs/tiny.yaml") +
+                  "' --set data.train_path=data2/train.bin --set data.val_path=data2/val.bin --name third "
+                  "--set model.init_from=" + ckpt,
+              dir_.path());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
 TEST_F(Cli, RefusesToOverwriteARun) {
   ASSERT_EQ(run_cli(train_args(), dir_.path()).exit_code, 0);
   const std::string before = test::read_text(dir_.file("runs/tiny/metrics.jsonl"));

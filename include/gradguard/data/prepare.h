@@ -1,5 +1,9 @@
-// `gradguard prepare`: turns text into llm.c-format token files with a train/val split,
-// using the byte-level tokenizer (token id = byte value, vocabulary 256).
+// `gradguard prepare`: turns text into token files with a train/val split. Without a
+// tokenizer it uses the byte-level one (token id = byte value, vocabulary 256) and writes
+// llm.c's version-1 files; with `tokenizer` (a model directory's tokenizer.json,
+// docs/tokenizers.md) each document is encoded with the tokenizer's special tokens (Llama's
+// <s>), followed by its eos token when it has one, on `threads` threads, and the files are
+// version 2: the token width and the tokenizer's hash in the header (data/token_file.h).
 //
 // Inputs are documents: a plain text file is one document, each line of a JSONL file
 // with a string "text" field is one document, and each file of the Brown corpus as the
@@ -26,6 +30,8 @@ struct PrepareOptions {
   std::string out_dir;              // writes <out_dir>/train.bin and <out_dir>/val.bin
   double val_fraction = 0.05;       // share of documents for validation, in [0, 0.5]
   bool force = false;               // false: refuse to overwrite existing outputs
+  std::string tokenizer;            // model directory or tokenizer.json; "" = byte-level
+  int threads = 0;                  // tokenizing threads; 0 = one per core
   void validate() const;            // throws gradguard::Error (bad input)
 };
 
@@ -35,6 +41,7 @@ struct PrepareResult {
   int64_t documents = 0;
   int64_t train_tokens = 0;
   int64_t val_tokens = 0;
+  std::string tokenizer_identity;  // "" for byte-level
 };
 
 // Progress callback: (documents done, documents total).

@@ -71,6 +71,8 @@ class Tokenizer {
   // "fnv1a64:<16 hex digits>" of the tokenizer file's bytes: token files record it, and
   // training refuses data made with another tokenizer.
   const std::string& identity() const { return identity_; }
+  // The same hash as a number (what a version-2 token file records).
+  uint64_t hash() const { return hash_; }
   // "tokenizer.json".
   const std::string& format() const { return format_; }
   // The file the tokenizer was read from.
@@ -80,10 +82,15 @@ class Tokenizer {
   Tokenizer() = default;
   std::unique_ptr<detail::TokenizerBackend> backend_;
   int32_t bos_id_ = -1, eos_id_ = -1, pad_id_ = -1;
+  uint64_t hash_ = 0;
   std::string bos_token_, eos_token_, chat_template_, identity_, format_, path_;
 };
 
 // FNV-1a (64-bit) of `bytes`.
 uint64_t fnv1a64(std::string_view bytes);
+// Tokenizer::hash() of the tokenizer at `path` (a model directory or its tokenizer.json)
+// without loading it; 0 when `path` holds no tokenizer.json. Throws gradguard::Error when
+// the file exists but cannot be read.
+uint64_t tokenizer_file_hash(const std::string& path);
 
 }  // namespace gradguard::data
