@@ -5,7 +5,9 @@
 # -DGRADGUARD_DEPS_PREFIX=.gpu-deps:
 #
 #   include/{yaml-cpp,nlohmann,CLI,gtest,gmock,benchmark}   headers
+#   include/{pcre2.h,utf8proc.h}                             the tokenizers' regex and Unicode libraries
 #   lib/x86_64-linux-gnu/libyaml-cpp.so*                     yaml-cpp 0.7 (shared; RPATH finds it)
+#   lib/x86_64-linux-gnu/lib{pcre2-8,utf8proc}.so*           PCRE2 10.42, utf8proc 2.8 (shared)
 #   lib/x86_64-linux-gnu/lib{gtest,gtest_main,gmock,gmock_main}.a, libbenchmark.so*
 #   lib/x86_64-linux-gnu/cmake/{yaml-cpp,GTest,benchmark}    their (relocatable) CMake packages
 #   share/cmake/{nlohmann_json,CLI11}                        header-only packages
@@ -34,7 +36,8 @@ lib="/usr/lib/$arch"
 fail() { printf 'pack_deps.sh: %s\n' "$*" >&2; exit 1; }
 need_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "ok installed" ||
   fail "Debian package $1 is not installed (scripts/setup.sh installs it)"; }
-for p in libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev googletest libbenchmark-dev; do
+for p in libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev googletest libbenchmark-dev \
+         libpcre2-dev libutf8proc-dev; do
   need_pkg "$p"
 done
 
@@ -47,9 +50,10 @@ copy() {  # copy SRC DEST_DIR (keeps symlinks, which the .so chains need)
   cp -a "$1" "$2/"
 }
 # Headers
-for h in yaml-cpp nlohmann CLI gtest gmock benchmark; do copy "/usr/include/$h" "$tmp/include"; done
+for h in yaml-cpp nlohmann CLI gtest gmock benchmark pcre2.h utf8proc.h; do copy "/usr/include/$h" "$tmp/include"; done
 # Libraries (the .so chain: libX.so -> libX.so.N -> libX.so.N.M.P)
 for f in "$lib"/libyaml-cpp.so* "$lib"/libbenchmark.so* "$lib"/libbenchmark_main.a \
+         "$lib"/libpcre2-8.so* "$lib"/libutf8proc.so* \
          "$lib"/libgtest.a "$lib"/libgtest_main.a "$lib"/libgmock.a "$lib"/libgmock_main.a; do
   copy "$f" "$tmp/lib/$arch"
 done
@@ -84,7 +88,8 @@ rm -rf "$tmp/src/googletest/googletest/test" "$tmp/src/googletest/googlemock/tes
 {
   echo "gradguard dependency folder made by bench/gpu/pack_deps.sh on $(hostname) at $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "from $(. /etc/os-release && echo "$PRETTY_NAME"), glibc $(ldd --version | head -1 | awk '{print $NF}')"
-  for p in libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev googletest libbenchmark-dev; do
+  for p in libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev googletest libbenchmark-dev \
+           libpcre2-dev libutf8proc-dev; do
     echo "  $p $(dpkg-query -W -f='${Version}' "$p")"
   done
   echo "  ${gloo_note:-no gloo headers found}"
