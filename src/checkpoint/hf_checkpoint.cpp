@@ -137,7 +137,23 @@ model::LlamaOptions read_hf_config(const std::string& dir, const model::LlamaOpt
   o.rms_norm_eps = get_num("rms_norm_eps", 1e-6);
   o.rope_theta = get_num("rope_theta", 10000.0);
   if (cfg.contains("rope_scaling") && !cfg["rope_scaling"].is_null())
-    throw bad_input(path, "rope_scaling is not supported");
+    throw bad_input(path, "rope_scaling " + describe(cfg["rope_scaling"]) +
+                              " is not supported (only plain RoPE: rope_scaling null or absent)");
+  // Keys the model would otherwise ignore while loading weights of another shape or
+  // meaning: refused rather than read as the defaults.
+  if (cfg.contains("head_dim") && !cfg["head_dim"].is_null()) {
+    const int64_t head_dim = get_int("head_dim", std::nullopt);
+    if (o.num_heads <= 0 || head_dim * o.num_heads != o.hidden_size) {
+      throw bad_input(path, "head_dim " + std::to_string(head_dim) + " is not hidden_size / num_attention_heads (" +
+                                std::to_string(o.hidden_size) + " / " + std::to_string(o.num_heads) +
+                                "): a separate head size is not supported");
+    }
+  }
+  for (const char* key : {"attention_bias", "mlp_bias"}) {
+    if (!cfg.contains(key) || cfg[key].is_null()) continue;
+    if (!cfg[key].is_boolean()) throw bad_input(path, std::string("key '") + key + "' must be true or false, got " + describe(cfg[key]));
+    if (cfg[key].get<bool>()) throw bad_input(path, std::string(key) + " true is not supported (Llama's projections have no bias)");
+  }
   if (cfg.contains("tie_word_embeddings") && !cfg["tie_word_embeddings"].is_boolean())
     throw bad_input(path, "key 'tie_word_embeddings' must be true or false, got " + describe(cfg["tie_word_embeddings"]));
   o.tie_embeddings = cfg.value("tie_word_embeddings", false);

@@ -126,5 +126,31 @@ TEST(HfCheckpoint, BadConfigJson) {
   expect_bad([&] { read_hf_config(dir.file("nonexistent"), {}); }, "config.json");
 }
 
+TEST(HfCheckpoint, KeysThatWouldChangeTheModelAreRefusedNotIgnored) {
+  // A valid config (head size 16 = 64 / 4) with one key changed at a time.
+  const nlohmann::json base = {{"hidden_size", 64}, {"intermediate_size", 128}, {"num_hidden_layers", 1},
+                               {"num_attention_heads", 4}, {"vocab_size", 10}};
+  test::TempDir dir;
+  const auto with = [&](const char* key, const nlohmann::json& value) {
+    nlohmann::json cfg = base;
+    cfg[key] = value;
+    test::write_text(dir.file("config.json"), cfg.dump());
+  };
+  with("head_dim", 16);
+  EXPECT_NO_THROW(read_hf_config(dir.path(), {}));
+  with("head_dim", 32);
+  expect_bad([&] { read_hf_config(dir.path(), {}); }, "head_dim 32 is not hidden_size / num_attention_heads (64 / 4)");
+  with("attention_bias", true);
+  expect_bad([&] { read_hf_config(dir.path(), {}); }, "attention_bias true is not supported");
+  with("attention_bias", false);
+  EXPECT_NO_THROW(read_hf_config(dir.path(), {}));
+  with("mlp_bias", true);
+  expect_bad([&] { read_hf_config(dir.path(), {}); }, "mlp_bias true is not supported");
+  with("mlp_bias", "yes");
+  expect_bad([&] { read_hf_config(dir.path(), {}); }, "'mlp_bias' must be true or false");
+  with("rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}});
+  expect_bad([&] { read_hf_config(dir.path(), {}); }, "rope_scaling an object of 2 keys is not supported");
+}
+
 }  // namespace
 }  // namespace gradguard::checkpoint
