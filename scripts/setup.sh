@@ -20,6 +20,7 @@ APT_PACKAGES=(
   python3-jinja2                                    # reference for chat templates (tests/golden/chat_templates.py)
   pybind11-dev python3-dev                          # the Python module (python/, docs/python.md)
   libpcre2-dev libutf8proc-dev                      # tokenizers (docs/tokenizers.md)
+  libsentencepiece-dev sentencepiece                # .model files (a plugin) and spm_train/spm_encode, their reference
   nodejs                                            # runs the JavaScript reference tokenizer in the tests
   iproute2                                          # ip netns/veth: the two-host data-parallel test
   chromium                                          # headless browser test of report.html

@@ -68,10 +68,9 @@ Tokenizer Tokenizer::load(const std::string& path) {
     if (fs::exists(json_path)) {
       file = json_path;
     } else if (fs::exists(model_path)) {
-      throw bad_input(path, "holds only tokenizer.model: SentencePiece .model files are not supported; "
-                            "use the model's tokenizer.json (docs/tokenizers.md)");
+      file = model_path;
     } else {
-      throw bad_input(path, "holds no tokenizer.json");
+      throw bad_input(path, "holds no tokenizer.json and no tokenizer.model");
     }
   }
   const std::string bytes = fs::read_file(file);
@@ -83,20 +82,20 @@ Tokenizer Tokenizer::load(const std::string& path) {
   t.identity_ = std::string("fnv1a64:") + hex;
   const size_t first = bytes.find_first_not_of(" \t\r\n");
   nlohmann::json config;
+  const std::string config_path = parent_of(file) + "/tokenizer_config.json";
+  std::string config_text;
+  if (fs::exists(config_path)) {
+    config_text = fs::read_file(config_path, size_t{64} << 20);
+    config = parse_json(config_text, config_path);
+  }
   if (first != std::string::npos && bytes[first] == '{') {
     t.format_ = "tokenizer.json";
-    const std::string config_path = parent_of(file) + "/tokenizer_config.json";
-    std::string config_text;
-    if (fs::exists(config_path)) {
-      config_text = fs::read_file(config_path, size_t{64} << 20);
-      config = parse_json(config_text, config_path);
-    }
     t.backend_ = detail::load_hf_tokenizer(bytes, config_text, file);
-    t.chat_template_ = config_chat_template(config, config_path);
   } else {
-    throw bad_input(file, "is not a tokenizer.json (it does not start with '{'); SentencePiece .model files "
-                          "are not supported (docs/tokenizers.md)");
+    t.format_ = "sentencepiece";
+    t.backend_ = detail::load_sentencepiece(bytes, file);
   }
+  t.chat_template_ = config_chat_template(config, config_path);
   t.bos_token_ = config_token(config, "bos_token");
   t.eos_token_ = config_token(config, "eos_token");
   const std::string pad = config_token(config, "pad_token");
@@ -109,7 +108,11 @@ Tokenizer Tokenizer::load(const std::string& path) {
 }
 
 uint64_t tokenizer_file_hash(const std::string& path) {
-  const std::string file = is_directory(path) ? path + "/tokenizer.json" : path;
+  std::string file = path;
+  if (is_directory(path)) {
+    file = path + "/tokenizer.json";
+    if (!fs::exists(file)) file = path + "/tokenizer.model";
+  }
   if (!fs::exists(file)) return 0;
   return fnv1a64(fs::read_file(file));
 }

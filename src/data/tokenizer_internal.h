@@ -1,6 +1,7 @@
 // The pieces behind gradguard::data::Tokenizer (include/gradguard/data/tokenizer.h):
-// one backend interface with its tokenizer.json implementation (tokenizer_hf.cpp), and
-// the BPE model that uses (tokenizer_bpe.cpp). Internal to src/data.
+// one backend interface with a tokenizer.json implementation (tokenizer_hf.cpp) and a
+// SentencePiece one (tokenizer_sp.cpp), and the BPE model the first uses
+// (tokenizer_bpe.cpp). Internal to src/data.
 #pragma once
 
 #include <cstdint>
@@ -76,6 +77,8 @@ class Bpe {
   uint64_t serial_;  // identifies this instance's entries in the per-thread cache
 };
 
+// A SentencePiece .model (tokenizer_sp.cpp, through the plugin plugins/sentencepiece/).
+std::unique_ptr<TokenizerBackend> load_sentencepiece(const std::string& model_bytes, const std::string& where);
 std::unique_ptr<TokenizerBackend> load_hf_tokenizer(const std::string& json_text, const std::string& config_text,
                                                     const std::string& where);
 

@@ -206,12 +206,7 @@ std::string load_error(const json& doc) {
 TEST(TokenizerErrors, MissingOrWrongFilesAreNamed) {
   TempDir dir;
   EXPECT_NE(bad_input_message([&] { Tokenizer::load(dir.file("none")); }).find(dir.file("none")), std::string::npos);
-  EXPECT_NE(bad_input_message([&] { Tokenizer::load(dir.path()); }).find("holds no tokenizer.json"),
-            std::string::npos);
-  write_text(dir.file("tokenizer.model"), std::string("\x0a\x05piece", 7));
-  EXPECT_NE(bad_input_message([&] { Tokenizer::load(dir.path()); }).find("SentencePiece .model files are not supported"),
-            std::string::npos);
-  EXPECT_NE(bad_input_message([&] { Tokenizer::load(dir.file("tokenizer.model")); }).find("is not a tokenizer.json"),
+  EXPECT_NE(bad_input_message([&] { Tokenizer::load(dir.path()); }).find("holds no tokenizer.json and no tokenizer.model"),
             std::string::npos);
   write_text(dir.file("tokenizer.json"), "{\"model\": [1, 2");
   EXPECT_NE(bad_input_message([&] { Tokenizer::load(dir.path()); }).find("tokenizer.json"), std::string::npos);

@@ -1,14 +1,14 @@
 // A model's own tokenizer, so that fine-tuning data is tokenized exactly as the
-// checkpoint was trained. The format read is tokenizer.json (Hugging Face
-// "tokenizers"): BPE models with the normalizers,
+// checkpoint was trained. Two formats are read:
+//  - tokenizer.json (Hugging Face "tokenizers"): BPE models with the normalizers,
 //    pre-tokenizers (regex Split, ByteLevel, Metaspace), added/special tokens,
 //    post-processors and decoders that Llama-2/3, Mistral, Qwen2/3 and GPT-2 style
 //    checkpoints use. Ids are those of the JavaScript reference implementation
 //    (@huggingface/tokenizers), which the tests compare against token for token;
 //    docs/tokenizers.md lists what is supported and where the reference's reading is
-//    followed. SentencePiece .model files are refused with a message saying so
-//    (docs/tokenizers.md: why libsentencepiece cannot share a process with LibTorch's
-//    protobuf as linked today).
+//    followed.
+//  - SentencePiece .model files, through libsentencepiece in a plugin
+//    (plugins/sentencepiece/: why it cannot be linked in directly).
 // A tokenizer_config.json beside tokenizer.json supplies bos/eos/pad tokens, extra
 // special tokens and the chat template.
 //
@@ -31,7 +31,8 @@ class TokenizerBackend;
 
 class Tokenizer {
  public:
-  // `path`: a model directory (its tokenizer.json) or a tokenizer.json file. Throws gradguard::Error (bad
+  // `path`: a model directory (its tokenizer.json, else its tokenizer.model), a
+  // tokenizer.json file, or a SentencePiece .model file. Throws gradguard::Error (bad
   // input) naming the file and, for tokenizer.json, the JSON path of what is missing,
   // malformed or not supported.
   static Tokenizer load(const std::string& path);
@@ -73,7 +74,7 @@ class Tokenizer {
   const std::string& identity() const { return identity_; }
   // The same hash as a number (what a version-2 token file records).
   uint64_t hash() const { return hash_; }
-  // "tokenizer.json".
+  // "tokenizer.json" or "sentencepiece".
   const std::string& format() const { return format_; }
   // The file the tokenizer was read from.
   const std::string& path() const { return path_; }
@@ -88,8 +89,8 @@ class Tokenizer {
 
 // FNV-1a (64-bit) of `bytes`.
 uint64_t fnv1a64(std::string_view bytes);
-// Tokenizer::hash() of the tokenizer at `path` (a model directory or its tokenizer.json)
-// without loading it; 0 when `path` holds no tokenizer.json. Throws gradguard::Error when
+// Tokenizer::hash() of the tokenizer at `path` (a model directory, its tokenizer.json or
+// .model) without loading it; 0 when `path` holds neither. Throws gradguard::Error when
 // the file exists but cannot be read.
 uint64_t tokenizer_file_hash(const std::string& path);
 
