@@ -3,7 +3,8 @@
 // input) and opened with vocab_size 256, as byte-level training data is. gradguard::Error
 // (bad magic or version, a token count that disagrees with the file size, a token
 // outside the vocabulary) is the expected outcome. When the file is accepted every token
-// is read through data(), so a count that lets reads run past the mapping crashes, and a
+// is read through token() (2- or 4-byte tokens: versions 1 and 2), so a count that lets
+// reads run past the mapping crashes, and a
 // token >= 256 surviving validation aborts; other exceptions, crashes and ASan/UBSan
 // reports are bugs. The target needs no LibTorch.
 #include <cstddef>
@@ -30,12 +31,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   gradguard::fuzz::write_scratch(scratch(), data, size);
   try {
     gradguard::data::TokenFile file(scratch(), kVocab);
-    const int64_t expected_bytes = gradguard::data::kTokenFileHeaderBytes + 2 * file.size();
+    const int64_t expected_bytes = gradguard::data::kTokenFileHeaderBytes + file.width() * file.size();
     if (file.size() < 0 || static_cast<uint64_t>(expected_bytes) != size) std::abort();
     uint64_t sum = 0;
     for (int64_t i = 0; i < file.size(); ++i) {
-      if (file.data()[i] >= kVocab) std::abort();  // validation let a bad token through
-      sum += file.data()[i];
+      if (file.token(i) >= kVocab) std::abort();  // validation let a bad token through
+      sum += file.token(i);
     }
     volatile uint64_t sink = sum;
     (void)sink;
