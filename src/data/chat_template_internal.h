@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gradguard/data/chat_template.h"
+#include "unicode_text.h"
 
 namespace gradguard {
 namespace data {
@@ -127,7 +128,8 @@ std::vector<Value> iterate(const Value& v);
 
 // UTF-8 helpers: code points of a string and back.
 std::vector<uint32_t> decode_utf8(const std::string& s);
-void append_utf8(std::string* out, uint32_t cp);
+// UTF-8 encoding of one code point: the tokenizers' (unicode_text.h).
+using detail::append_utf8;
 std::string encode_utf8(const std::vector<uint32_t>& cps, size_t begin, size_t end);
 bool is_py_space(uint32_t cp);  // str.isspace()
 // Byte length of the whitespace code point starting at s[pos], 0 if none.
