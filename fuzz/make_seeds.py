@@ -33,6 +33,15 @@ def token_file(count, tokens, magic=20240520, version=1):
     return header + struct.pack("<%dH" % len(tokens), *tokens)
 
 
+def token_file_v2(count, tokens, width=4, count_high=0, vocab=200000):
+    """Version 2: ints 5 (width), 6 (count >> 32), 7-8 (tokenizer hash), 9 (vocab size)."""
+    header = struct.pack("<3i", 20240520, 2, count & 0xFFFFFFFF) + bytes(8)
+    header += struct.pack("<iIIIi", width, count_high, 0x12345678, 0x9ABCDEF0, vocab)
+    header += bytes(1024 - len(header))
+    fmt = "<%d%s" % (len(tokens), "I" if width == 4 else "H")
+    return header + struct.pack(fmt, *tokens)
+
+
 st = "safetensors_header_fuzz"
 write(st, "valid_four_tensors.safetensors", safetensors({
     "__metadata__": {"format": "pt"},
@@ -58,3 +67,7 @@ write(tf, "token_out_of_vocab.bin", token_file(2, [65, 300]))
 write(tf, "count_lies.bin", token_file(100, [1, 2, 3]))
 write(tf, "bad_magic.bin", token_file(1, [1], magic=1234))
 write(tf, "truncated_header.bin", token_file(4, [1, 2, 3, 4])[:600])
+write(tf, "v2_valid_wide.bin", token_file_v2(3, [70000, 1, 151000]))
+write(tf, "v2_valid_narrow.bin", token_file_v2(2, [7, 8], width=2))
+write(tf, "v2_count_high_bit.bin", token_file_v2(3, [1, 2, 3], count_high=0x80000001))
+write(tf, "v2_bad_width.bin", token_file_v2(3, [1, 2, 3], width=3))

@@ -209,16 +209,23 @@ TokenFile::TokenFile(const std::string& path, int64_t vocab_size) : path_(path) 
       if (width_ != 2 && width_ != 4) {
         throw bad_input(path, "header says tokens are " + std::to_string(width_) + " bytes wide (must be 2 or 4)");
       }
-      count = static_cast<int64_t>(static_cast<uint32_t>(get_le32(bytes + 8))) |
-              static_cast<int64_t>(static_cast<uint32_t>(get_le32(bytes + 24))) << 32;
+      const uint64_t count64 = static_cast<uint64_t>(static_cast<uint32_t>(get_le32(bytes + 8))) |
+                               static_cast<uint64_t>(static_cast<uint32_t>(get_le32(bytes + 24))) << 32;
+      if (count64 > static_cast<uint64_t>(file_bytes)) {
+        throw bad_input(path, "header says " + std::to_string(count64) + " tokens (more bytes than the whole file) but file has " +
+                                  std::to_string(file_bytes - kTokenFileHeaderBytes) + " bytes of tokens");
+      }
+      count = static_cast<int64_t>(count64);
       tokenizer_hash_ = join32(bytes + 28);
       tokenizer_vocab_size_ = get_le32(bytes + 36);
     }
     const int64_t token_bytes = file_bytes - kTokenFileHeaderBytes;
+    // count is at most the file size here, so width_ * count cannot overflow.
     if (count < 0 || count > token_bytes || width_ * count != token_bytes) {
-      throw bad_input(path, "header says " + std::to_string(count) + " tokens (" +
-                                std::to_string(width_ * count) + " bytes) but file has " +
-                                std::to_string(token_bytes) + " bytes of tokens");
+      const std::string need = count < 0 ? std::string("a negative number of")
+                                         : std::to_string(width_ * count);
+      throw bad_input(path, "header says " + std::to_string(count) + " tokens (" + need +
+                                " bytes) but file has " + std::to_string(token_bytes) + " bytes of tokens");
     }
     tokens_ = bytes + kTokenFileHeaderBytes;
     num_tokens_ = count;

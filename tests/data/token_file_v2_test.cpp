@@ -93,6 +93,15 @@ TEST(TokenFileV2, WriterAndReaderRefuseBadFiles) {
   write_text(dir.file("c.bin"), bad);
   EXPECT_NE(bad_input_message([&] { TokenFile(dir.file("c.bin"), 0); }).find("but file has 12 bytes"),
             std::string::npos);
+  // A high count word with its top bit set (found by the token_file fuzzer: the count and the
+  // byte size in the message used to overflow a signed 64-bit integer).
+  bad = bytes;
+  const uint32_t huge = 0x80000001u;
+  std::memcpy(&bad[24], &huge, 4);
+  write_text(dir.file("h.bin"), bad);
+  EXPECT_NE(bad_input_message([&] { TokenFile(dir.file("h.bin"), 0); })
+                .find("header says 9223372041149743107 tokens (more bytes than the whole file) but file has 12 bytes"),
+            std::string::npos);
 }
 
 TEST(TokenFileV2, DatasetBatchesReadWideTokens) {
