@@ -135,15 +135,16 @@ struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
 
 // ---- RoPE ---------------------------------------------------------------------------------
 
-// out = x * c + rotate_half(x) * s over x [rows = B*T*H, hd] with tables [T, hd]; `sign`
-// +1 applies the rotation, -1 its transpose (the backward pass, which also reads the
-// table entries of the partner index: see the formulas at the top).
+// out = x * c + rotate_half(x) * s over x [rows = B*T*H, hd] with tables [T, hd], or
+// [B, T, hd] when `per_row` (one position per token); `transpose` applies the rotation's
+// transpose (the backward pass, which also reads the table entries of the partner index:
+// see the formulas at the top).
 void rope_kernel(const float* x, const float* c, const float* s, float* out, int64_t B, int64_t T, int64_t H,
-                 int64_t hd, bool transpose) {
+                 int64_t hd, bool per_row, bool transpose) {
   const int64_t h = hd / 2;
   at::parallel_for(0, B * T, std::max<int64_t>(1, kGrain / (H * hd)), [&](int64_t begin, int64_t end) {
     for (int64_t bt = begin; bt < end; ++bt) {
-      const int64_t t = bt % T;
+      const int64_t t = per_row ? bt : bt % T;
       const float *ct = c + t * hd, *st = s + t * hd;
       for (int64_t head = 0; head < H; ++head) {
         const float* xr = x + (bt * H + head) * hd;
@@ -167,7 +168,7 @@ struct RopeFn : torch::autograd::Function<RopeFn> {
     auto c = cos.contiguous(), s = sin.contiguous();
     auto out = torch::empty_like(x);
     rope_kernel(x.data_ptr<float>(), c.data_ptr<float>(), s.data_ptr<float>(), out.data_ptr<float>(), x.size(0),
-                x.size(1), x.size(2), x.size(3), /*transpose=*/false);
+                x.size(1), x.size(2), x.size(3), /*per_row=*/c.dim() == 3, /*transpose=*/false);
     ctx->save_for_backward({c, s});
     return out;
   }
@@ -178,7 +179,8 @@ struct RopeFn : torch::autograd::Function<RopeFn> {
     auto dy = grad_outputs[0].contiguous();
     auto dx = torch::empty_like(dy);
     rope_kernel(dy.data_ptr<float>(), saved[0].data_ptr<float>(), saved[1].data_ptr<float>(), dx.data_ptr<float>(),
-                dy.size(0), dy.size(1), dy.size(2), dy.size(3), /*transpose=*/true);
+                dy.size(0), dy.size(1), dy.size(2), dy.size(3), /*per_row=*/saved[0].dim() == 3,
+                /*transpose=*/true);
     return {dx, at::Tensor(), at::Tensor()};
   }
 };
@@ -212,15 +214,17 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 }
 
 at::Tensor rope_reference(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  // x [B, T, H, hd]; the tables broadcast as [T, 1, hd], in x's dtype as HF does under autocast.
-  auto c = cos.unsqueeze(1), s = sin.unsqueeze(1);
+  // x [B, T, H, hd]; the tables broadcast as [T, 1, hd] (or [B, T, 1, hd]), in x's dtype as
+  // HF does under autocast.
+  auto c = cos.unsqueeze(-2), s = sin.unsqueeze(-2);
   if (c.scalar_type() != x.scalar_type()) c = c.to(x.scalar_type()), s = s.to(x.scalar_type());
   return x * c + rotate_half(x) * s;
 }
 
 at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const bool shapes = x.dim() == 4 && x.size(3) % 2 == 0 && cos.dim() == 2 && sin.sizes() == cos.sizes() &&
-                      cos.size(0) == x.size(1) && cos.size(1) == x.size(3);
+  const bool per_row = cos.dim() == 3 && cos.size(0) == x.size(0);  // [B, T, hd]
+  const bool shapes = x.dim() == 4 && x.size(3) % 2 == 0 && (cos.dim() == 2 || per_row) &&
+                      sin.sizes() == cos.sizes() && cos.size(-2) == x.size(1) && cos.size(-1) == x.size(3);
   if (shapes && fusable(x) && fusable(cos) && fusable(sin) && !cos.requires_grad() && !sin.requires_grad() &&
       x.numel() > 0)
     return RopeFn::apply(x, cos, sin);

@@ -10,9 +10,16 @@
 // without checkpointing. The recomputation inside backward uses torch::autograd::grad
 // with the parameters as the wanted inputs, which captures their gradients without
 // touching .grad or firing those hooks a second time.
+//
+// Packed rows (forward with positions/segments) change only two inputs of the layers:
+// per-token rotary tables [B, T, hd] instead of the shared [T, hd] table, and a boolean
+// attention mask [B, T, T] built once per call. Both are plain tensors without history,
+// so the checkpoint node saves them like cos and sin. forward(input_ids) passes neither
+// and runs exactly the kernels it ran before packing existed.
 #include "gradguard/model/llama.h"
 
 #include <cmath>
+#include <sstream>
 
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
@@ -84,23 +91,30 @@ class LayerAutocast {
   bool cache_before_;
 };
 
-// One checkpointed decoder layer. Inputs (autograd edges in this order): x, cos, sin, then
-// the layer's parameters; the layer itself rides along as a non-tensor argument.
+// One checkpointed decoder layer. Inputs (autograd edges in this order): x, cos, sin, the
+// attention mask (an empty tensor when plainly causal: LibTorch 1.13's Function::apply
+// refuses undefined tensor inputs), then the layer's parameters; the layer itself rides
+// along as a non-tensor argument.
 //
 // RNG: the layer draws no random numbers (no dropout; the fused attention runs with
 // dropout_p = 0), so the recomputation is the same computation without saving or
 // restoring any generator state. A layer that gained dropout would need the CPU/CUDA
 // generator states saved here and restored in backward.
 struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
-  static constexpr size_t kFirstParam = 3;  // edge index of the first parameter
+  // The attention mask as DecoderLayerImpl::forward takes it: undefined for causal.
+  static torch::Tensor mask_or_causal(const torch::Tensor& allowed) {
+    return allowed.numel() == 0 ? torch::Tensor() : allowed;
+  }
+
+  static constexpr size_t kFirstParam = 4;  // edge index of the first parameter
 
   // Runs with grad mode off (Function::apply turns it off), so no graph is recorded and
-  // only x, cos and sin are kept for backward.
+  // only x, cos, sin and the mask are kept for backward.
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                               const torch::Tensor& cos, const torch::Tensor& sin, at::TensorList params,
-                               const std::shared_ptr<DecoderLayerImpl>& layer) {
+                               const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& allowed,
+                               at::TensorList params, const std::shared_ptr<DecoderLayerImpl>& layer) {
     const auto autocast = AutocastState::current();
-    ctx->save_for_backward({x, cos, sin});
+    ctx->save_for_backward({x, cos, sin, allowed});
     ctx->saved_data["layer"] = c10::IValue::make_capsule(c10::make_intrusive<LayerHandle>(layer));
     ctx->saved_data["autocast_cpu"] = autocast.cpu;
     ctx->saved_data["autocast_cuda"] = autocast.cuda;
@@ -108,7 +122,7 @@ struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
     ctx->saved_data["autocast_cuda_dtype"] = static_cast<int64_t>(autocast.cuda_dtype);
     ctx->saved_data["num_params"] = static_cast<int64_t>(params.size());
     LayerAutocast guard(autocast);  // same autocast, weight cache off (see LayerAutocast)
-    return layer->forward(x, cos, sin);
+    return layer->forward(x, cos, sin, mask_or_causal(allowed));
   }
 
   // Recomputes the layer with grad mode on, under the autocast state the forward saw (the
@@ -127,7 +141,7 @@ struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
     auto params = layer->parameters();
     TORCH_INTERNAL_ASSERT(static_cast<int64_t>(params.size()) == ctx->saved_data["num_params"].toInt(),
                           "decoder layer parameters changed between forward and backward");
-    // One gradient per forward argument: x, cos, sin, the parameters, the layer handle.
+    // One gradient per forward argument: x, cos, sin, allowed, the parameters, the layer handle.
     torch::autograd::variable_list grads(kFirstParam + params.size() + 1);
     if (!grad_outputs[0].defined()) return grads;
 
@@ -150,7 +164,7 @@ struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
     {
       torch::AutoGradMode grad_mode(true);
       LayerAutocast guard(autocast);
-      out = layer->forward(x, saved[1], saved[2]);
+      out = layer->forward(x, saved[1], saved[2], mask_or_causal(saved[3]));
     }
     auto g = torch::autograd::grad({out}, wrt, {grad_outputs[0]}, /*retain_graph=*/false,
                                    /*create_graph=*/false, /*allow_unused=*/true);
@@ -210,14 +224,14 @@ AttentionImpl::AttentionImpl(const LlamaOptions& o)
   o_proj = register_module("o_proj", linear(o.num_heads * head_dim_, o.hidden_size));
 }
 
-torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
-                                     const torch::Tensor& sin) {
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                                     const torch::Tensor& allowed) {
   const int64_t B = x.size(0), T = x.size(1);
   // RoPE on the projections' own layout [B, T, heads, hd], then heads move to dim 1.
   auto q = rope(q_proj(x).view({B, T, num_heads_, head_dim_}), cos, sin).transpose(1, 2);     // [B, H, T, hd]
   auto k = rope(k_proj(x).view({B, T, num_kv_heads_, head_dim_}), cos, sin).transpose(1, 2);  // [B, KV, T, hd]
   auto v = v_proj(x).view({B, T, num_kv_heads_, head_dim_}).transpose(1, 2);                  // [B, KV, T, hd]
-  auto out = causal_attention(q, k, v);                                        // [B, H, T, hd]
+  auto out = causal_attention(q, k, v, allowed);                               // [B, H, T, hd]
   return o_proj(out.transpose(1, 2).reshape({B, T, num_heads_ * head_dim_}));
 }
 
@@ -240,18 +254,19 @@ DecoderLayerImpl::DecoderLayerImpl(const LlamaOptions& o) {
 }
 
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
-                                        const torch::Tensor& sin) {
-  auto h = x + self_attn(input_layernorm(x), cos, sin);
+                                        const torch::Tensor& sin, const torch::Tensor& allowed) {
+  auto h = x + self_attn->forward(input_layernorm(x), cos, sin, allowed);
   return h + mlp(post_attention_layernorm(h));
 }
 
 torch::Tensor DecoderLayerImpl::forward_checkpointed(const torch::Tensor& x, const torch::Tensor& cos,
-                                                     const torch::Tensor& sin) {
-  if (!torch::GradMode::is_enabled()) return forward(x, cos, sin);
+                                                     const torch::Tensor& sin, const torch::Tensor& allowed) {
+  if (!torch::GradMode::is_enabled()) return forward(x, cos, sin, allowed);
   auto self = std::static_pointer_cast<DecoderLayerImpl>(weak_from_this().lock());
   TORCH_CHECK(self, "forward_checkpointed needs a DecoderLayerImpl owned by a shared_ptr (a DecoderLayer)");
   auto params = parameters();
-  return CheckpointedLayer::apply(x, cos, sin, at::TensorList(params), self);
+  const auto mask = allowed.defined() ? allowed : torch::empty({0}, x.options().dtype(torch::kBool));
+  return CheckpointedLayer::apply(x, cos, sin, mask, at::TensorList(params), self);
 }
 
 LlamaBackboneImpl::LlamaBackboneImpl(const LlamaOptions& o) {
@@ -285,17 +300,20 @@ void LlamaForCausalLMImpl::reset_parameters() {
   }
 }
 
+torch::Tensor LlamaForCausalLMImpl::inv_freq() const {
+  const int64_t hd = options_.head_dim();
+  // In float32 from a float32 exponent, as HF does.
+  auto exponent = torch::arange(0, hd, 2, torch::kLong).to(torch::kFloat) / static_cast<float>(hd);
+  return 1.0 / torch::pow(static_cast<float>(options_.rope_theta), exponent);
+}
+
 std::pair<torch::Tensor, torch::Tensor> LlamaForCausalLMImpl::rope_tables(int64_t T,
                                                                           const torch::Device& device) {
   if (!cos_.defined() || cos_.size(0) < T || cos_.device() != device) {
-    const int64_t hd = options_.head_dim();
     const int64_t n = std::max<int64_t>(T, std::min<int64_t>(options_.max_seq_len, 4096));
     auto f64 = torch::TensorOptions().dtype(torch::kDouble);
-    // inv_freq computed as HF does: in float32 from a float32 exponent.
-    auto exponent = torch::arange(0, hd, 2, torch::kLong).to(torch::kFloat) / static_cast<float>(hd);
-    auto inv_freq = 1.0 / torch::pow(static_cast<float>(options_.rope_theta), exponent);
     auto t = torch::arange(n, f64).to(torch::kFloat);
-    auto freqs = torch::outer(t, inv_freq);           // [n, hd/2]
+    auto freqs = torch::outer(t, inv_freq());         // [n, hd/2]
     auto emb = torch::cat({freqs, freqs}, -1);        // [n, hd]
     cos_ = emb.cos().to(device);
     sin_ = emb.sin().to(device);
@@ -303,19 +321,44 @@ std::pair<torch::Tensor, torch::Tensor> LlamaForCausalLMImpl::rope_tables(int64_
   return {cos_.narrow(0, 0, T), sin_.narrow(0, 0, T)};
 }
 
+std::pair<torch::Tensor, torch::Tensor> LlamaForCausalLMImpl::rope_at(const torch::Tensor& positions) {
+  if (!inv_freq_.defined() || inv_freq_.device() != positions.device())
+    inv_freq_ = inv_freq().to(positions.device());
+  // The products position x inv_freq in float32, as the cached table forms them.
+  auto freqs = positions.to(torch::kFloat).unsqueeze(-1) * inv_freq_;  // [B, T, hd/2]
+  auto emb = torch::cat({freqs, freqs}, -1);                           // [B, T, hd]
+  return {emb.cos(), emb.sin()};
+}
+
 torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& input_ids) {
+  return forward(input_ids, torch::Tensor(), torch::Tensor());
+}
+
+torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& positions,
+                                            const torch::Tensor& segments) {
   TORCH_CHECK(input_ids.dim() == 2, "input_ids must be [B, T]");
   const int64_t T = input_ids.size(1);
   if (T > options_.max_seq_len)
     throw bad_input("data.seq_len", "sequence length " + std::to_string(T) +
                                         " exceeds model.max_seq_len " +
                                         std::to_string(options_.max_seq_len));
-  auto [cos, sin] = rope_tables(T, input_ids.device());
+  auto check_like_ids = [&](const char* name, const torch::Tensor& t) {
+    if (!t.defined()) return;
+    if (t.sizes() == input_ids.sizes() && t.scalar_type() == torch::kLong && t.device() == input_ids.device()) return;
+    std::ostringstream got;
+    got << "must be an int64 tensor of input_ids' shape " << input_ids.sizes() << " on " << input_ids.device()
+        << ", got " << t.scalar_type() << " " << t.sizes() << " on " << t.device();
+    throw bad_input(name, got.str());
+  };
+  check_like_ids("positions", positions);
+  check_like_ids("segments", segments);
+  auto [cos, sin] = positions.defined() ? rope_at(positions) : rope_tables(T, input_ids.device());
+  const auto allowed = segments.defined() ? segment_mask(segments) : torch::Tensor();  // [B, T, T] bool
   auto x = model->embed_tokens(input_ids);  // [B, T, d]
   const bool checkpoint = options_.activation_checkpointing && is_training() && torch::GradMode::is_enabled();
   for (const auto& layer : *model->layers) {
     auto* decoder = layer->as<DecoderLayer>();
-    x = checkpoint ? decoder->forward_checkpointed(x, cos, sin) : decoder->forward(x, cos, sin);
+    x = checkpoint ? decoder->forward_checkpointed(x, cos, sin, allowed) : decoder->forward(x, cos, sin, allowed);
   }
   x = model->norm(x);
   if (lm_head) return lm_head(x);             // [B, T, V]

@@ -109,6 +109,28 @@ TEST(FusedOps, RopeMatchesTheFormulaInFloat64) {
   EXPECT_LT(rel_err(x.grad(), xr.grad()), 1e-6);
 }
 
+// Per-token tables [B, T, hd] (packed rows, each token its own position): the fused kernel
+// reads row b*T + t of the table, the reference broadcasts it over heads.
+TEST(FusedOps, RopeWithPerTokenTablesMatchesTheFormulaInFloat64) {
+  torch::manual_seed(9);
+  const int64_t B = 2, T = 7, H = 3, hd = 8;
+  const auto x0 = torch::randn({B, T, H, hd});
+  const auto cos = torch::randn({B, T, hd}), sin = torch::randn({B, T, hd});
+  auto x = x0.clone().requires_grad_(true);
+  auto xr = x0.to(torch::kDouble).requires_grad_(true);
+  auto y = rope(x, cos, sin);
+  EXPECT_THAT(node_name(y), ::testing::HasSubstr("RopeFn"));
+  auto yr = rope_reference(xr, cos.to(torch::kDouble), sin.to(torch::kDouble));
+  EXPECT_LT(rel_err(y, yr), 1e-6);
+  const auto dy = torch::randn_like(x0);
+  y.backward(dy);
+  yr.backward(dy.to(torch::kDouble));
+  EXPECT_LT(rel_err(x.grad(), xr.grad()), 1e-6);
+  // Row b of the per-token table applied to row b alone is the [T, hd] case.
+  for (int64_t b = 0; b < B; ++b)
+    EXPECT_TRUE(torch::equal(y.detach()[b], rope(x0[b].unsqueeze(0), cos[b], sin[b])[0]));
+}
+
 TEST(FusedOps, RopeOfANonContiguousViewAndItsGradient) {
   torch::manual_seed(6);
   // A narrowed view (not contiguous) as input and a transposed incoming gradient.

@@ -81,6 +81,26 @@ inline at::Tensor causal_sdpa(const at::Tensor& q, const at::Tensor& k, const at
 #endif
 }
 
+// The same with an explicit mask instead of causality: allowed [B, 1, T, T] bool (true =
+// the query may attend the key; broadcast over heads), e.g. causal within packed
+// segments. LibTorch picks a kernel that accepts a mask (memory-efficient on GPUs, the
+// math kernel otherwise).
+inline at::Tensor masked_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const at::Tensor& allowed, double scale) {
+#if GRADGUARD_TORCH_AT_LEAST(2, 5)
+  return at::scaled_dot_product_attention(q, k, v, allowed, 0.0, /*is_causal=*/false, scale,
+                                          /*enable_gqa=*/k.size(1) != q.size(1));
+#elif GRADGUARD_HAS_SDPA
+  const int64_t groups = q.size(1) / k.size(1);
+  if (groups == 1) return at::scaled_dot_product_attention(q, k, v, allowed, 0.0, false, scale);
+  return at::scaled_dot_product_attention(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1),
+                                          allowed, 0.0, false, scale);
+#else
+  (void)q, (void)k, (void)v, (void)allowed, (void)scale;
+  TORCH_CHECK(false, "scaled_dot_product_attention needs LibTorch 2.1 or newer");
+#endif
+}
+
 // ---- fused optimizer and AMP kernels ---------------------------------------------
 // at::_fused_adamw_ exists since 2.0 with a CUDA kernel; the CPU kernel came in 2.4.
 inline bool fused_adamw_available(c10::DeviceType device) {

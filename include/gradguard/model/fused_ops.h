@@ -28,7 +28,8 @@ at::Tensor rms_norm_reference(const at::Tensor& x, const at::Tensor& weight, dou
 
 // Rotary embedding in HF's rotate-half convention, x * cos + rotate_half(x) * sin with
 // rotate_half(x) = cat(-x[..., hd/2:], x[..., :hd/2]). x [B, T, H, hd] (the projection's
-// natural layout, before heads move to dim 1), cos and sin [T, hd] broadcast over B and H.
+// natural layout, before heads move to dim 1), cos and sin [T, hd] broadcast over B and H,
+// or [B, T, hd] (a position per token: packed rows) broadcast over H.
 at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor rope_reference(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 

@@ -14,6 +14,11 @@
 // backward and recomputes its internal activations there (one extra layer forward per
 // layer per backward). Gradients are the same as without it; see
 // DecoderLayerImpl::forward_checkpointed.
+//
+// Packed sequences: forward(input_ids, positions, segments) runs several samples in one
+// row, each with its own rotary positions and with attention kept inside its segment,
+// so every sample gets the logits it would get alone. The segment mask is built once per
+// call and shared by all layers (and carried through activation checkpointing).
 #pragma once
 
 #include <cstdint>
@@ -80,8 +85,10 @@ TORCH_MODULE(RMSNorm);
 class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const LlamaOptions& o);
-  // x [B, T, d]; cos/sin [T, head_dim] -> [B, T, d]
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  // x [B, T, d]; cos/sin [T, head_dim] or [B, T, head_dim]; allowed undefined (causal) or
+  // [B, T, T] bool (attention.h) -> [B, T, d]
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const torch::Tensor& allowed = {});
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
@@ -100,16 +107,19 @@ TORCH_MODULE(Mlp);
 class DecoderLayerImpl : public torch::nn::Module {
  public:
   explicit DecoderLayerImpl(const LlamaOptions& o);
-  // x [B, T, d]; cos/sin [T, head_dim] -> [B, T, d]
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  // x [B, T, d]; cos/sin [T, head_dim] or [B, T, head_dim]; allowed undefined (causal) or
+  // [B, T, T] bool (attention.h) -> [B, T, d]
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const torch::Tensor& allowed = {});
   // forward() with activation checkpointing: under grad mode the layer runs without
-  // recording a graph and only x, cos and sin are kept; backward re-runs forward() (under
+  // recording a graph and only x, cos, sin and allowed are kept; backward re-runs forward() (under
   // the autocast state of the original call) and hands the parameters and x the same
   // gradients plain autograd would, through the parameters' usual AccumulateGrad nodes
   // (so .grad accumulates and gradient hooks fire as without checkpointing). Without
   // grad mode it is forward(). First-order only: the gradients are not differentiable
   // (no double backward). The layer has no dropout, so there is no RNG state to replay.
-  torch::Tensor forward_checkpointed(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  torch::Tensor forward_checkpointed(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                                     const torch::Tensor& allowed = {});
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   Attention self_attn{nullptr};
   Mlp mlp{nullptr};
@@ -134,6 +144,16 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // autocast dtype when autocast is on). Checkpoints the decoder layers when
   // options().activation_checkpointing, the module is in training mode and grad mode is on.
   torch::Tensor forward(const torch::Tensor& input_ids);
+  // Packed rows. positions [B, T] int64: the rotary position of each token (a sample
+  // packed at column 40 typically restarts at 0); undefined = 0..T-1 in every row.
+  // segments [B, T] int64: query i attends key j only when j <= i and segments[b, i] ==
+  // segments[b, j] (ids are compared, not ordered; give padding its own id); undefined =
+  // each row is one segment. Both undefined is forward(input_ids), same kernels. Positions
+  // are not range-checked (no host read); any int64 gives a well-defined rotation. Throws
+  // gradguard::Error naming "positions" or "segments" when one is not an int64 [B, T]
+  // tensor on input_ids' device.
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& positions,
+                        const torch::Tensor& segments);
   const LlamaOptions& options() const { return options_; }
   // Turns activation checkpointing on or off for later forward calls (the weights stay).
   void set_activation_checkpointing(bool on) { options_.activation_checkpointing = on; }
@@ -146,9 +166,15 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
  private:
   // Rotary tables for T positions on `device`, cached across calls.
   std::pair<torch::Tensor, torch::Tensor> rope_tables(int64_t T, const torch::Device& device);
+  // Rotary tables for explicit positions [B, T] -> cos, sin [B, T, head_dim], computed per
+  // call (as HF does from position_ids) with the same float32 products as the cached table.
+  std::pair<torch::Tensor, torch::Tensor> rope_at(const torch::Tensor& positions);
+  // inv_freq [head_dim / 2] float32, as HF computes it.
+  torch::Tensor inv_freq() const;
 
   LlamaOptions options_;
   torch::Tensor cos_, sin_;  // [cached T, head_dim]
+  torch::Tensor inv_freq_;   // [head_dim / 2] on the device of the last rope_at call
 };
 TORCH_MODULE(LlamaForCausalLM);
 
