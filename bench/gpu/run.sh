@@ -125,13 +125,15 @@ cp "$out/logs/env.log" "$out/env.txt" 2>/dev/null
 # ---- build ------------------------------------------------------------------------------
 torch_prefix=$("$py" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
 nvcc_path=$(command -v nvcc || true)
+# GoogleTest is built from its sources (.gpu-deps/src/googletest): the static archives of
+# Debian 12 are GCC 12 objects, and this machine compiles with another GCC.
 configure() {
   local extra=()
   [ -n "$nvcc_path" ] && extra+=("-DCUDAToolkit_ROOT=$(dirname "$(dirname "$nvcc_path")")" "-DCMAKE_CUDA_COMPILER=$nvcc_path")
   [ -d "$deps" ] && extra+=("-DGRADGUARD_DEPS_PREFIX=$repo/$deps")
   cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$torch_prefix" \
     -DGRADGUARD_PYTHON="$py" -DGRADGUARD_BUILD_TESTS=ON -DGRADGUARD_BUILD_BENCH=ON -DGRADGUARD_BUILD_FUZZ=OFF \
-    -DTORCH_CUDA_ARCH_LIST=9.0 -DCMAKE_CUDA_ARCHITECTURES=90 "${extra[@]}"
+    -DTORCH_CUDA_ARCH_LIST=9.0 -DCMAKE_CUDA_ARCHITECTURES=90 -DGRADGUARD_GTEST_FROM_SOURCE=ON "${extra[@]}"
 }
 export -f configure
 export torch_prefix nvcc_path

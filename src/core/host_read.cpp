@@ -1,7 +1,8 @@
 // HostReadCounter on LibTorch's RecordFunction callbacks. The callback is a plain
 // function (the API takes a function pointer), so the live counters of a thread are kept
 // in a thread-local list and every read is added to each of them. to_host() opens a
-// user-scope RecordFunction named "gradguard::host_read", which the same callback sees.
+// user-scope RecordFunction named "gradguard::host_read", which the same callback sees;
+// the events nested inside a read are part of it.
 #include "gradguard/core/host_read.h"
 
 #include <algorithm>
@@ -37,13 +38,25 @@ bool is_copy_to_host(const at::RecordFunction& fn) {
          !inputs[1].toTensor().is_cpu();
 }
 
+// Reads open on this thread. One read is often several nested events -- to_host() is the
+// gradguard::host_read scope around aten::_to_copy around aten::copy_ on a GPU -- and
+// counts once: only the outermost is counted.
+thread_local int t_open_reads = 0;
+
+struct OpenRead : at::ObserverContext {};
+
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   const char* name = fn.name();
   const bool read = std::strcmp(name, kHostRead) == 0 || std::strcmp(name, "aten::_local_scalar_dense") == 0 ||
                     std::strcmp(name, "aten::equal") == 0 || is_copy_to_host(fn);
-  if (read)
+  if (!read) return nullptr;
+  if (t_open_reads++ == 0)
     for (int64_t* c : t_counters) ++*c;
-  return nullptr;
+  return std::make_unique<OpenRead>();
+}
+
+void on_end(const at::RecordFunction& /*fn*/, at::ObserverContext* context) {
+  if (context != nullptr) --t_open_reads;
 }
 
 }  // namespace
@@ -61,7 +74,7 @@ struct HostReadCounter::Impl {
 HostReadCounter::HostReadCounter() : impl_(std::make_unique<Impl>()) {
   t_counters.push_back(&impl_->count);
   impl_->handle = at::addThreadLocalCallback(
-      at::RecordFunctionCallback(on_start).needsInputs(true).scopes(
+      at::RecordFunctionCallback(on_start, on_end).needsInputs(true).scopes(
           {at::RecordScope::FUNCTION, at::RecordScope::USER_SCOPE}));
 }
 

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include "gradguard/data/token_file.h"
@@ -53,6 +54,23 @@ TEST(Trainer, HostReadCounterSeesAStrayItem) {
   EXPECT_EQ(reads.count(), 1);
   if (t.equal(t)) (void)to_host(t);
   EXPECT_EQ(reads.count(), 3);
+}
+
+// One read is counted once however many dispatcher events it is made of: on a GPU,
+// to_host() is the gradguard::host_read scope around aten::_to_copy around aten::copy_
+// (counted three times before, 9 reads for 3 guarded steps on an H200). The same nesting
+// is built here from CPU events: a .item() inside the host-read scope.
+TEST(Trainer, HostReadCounterCountsNestedEventsOnce) {
+  HostReadCounter reads;
+  auto t = torch::ones({3});
+  {
+    RECORD_USER_SCOPE("gradguard::host_read");
+    (void)t.sum().item<float>();
+    (void)t.equal(t);
+  }
+  EXPECT_EQ(reads.count(), 1);
+  (void)t.sum().item<float>();  // after the scope closed: a read of its own
+  EXPECT_EQ(reads.count(), 2);
 }
 
 TEST(Trainer, SameSeedSameLosses) {
