@@ -33,13 +33,14 @@ def token_file(count, tokens, magic=20240520, version=1):
     return header + struct.pack("<%dH" % len(tokens), *tokens)
 
 
-def token_file_v2(count, tokens, width=4, count_high=0, vocab=200000):
-    """Version 2: ints 5 (width), 6 (count >> 32), 7-8 (tokenizer hash), 9 (vocab size)."""
+def token_file_v2(count, tokens, width=4, count_high=0, vocab=200000, flags=None):
+    """Version 2: ints 5 (width), 6 (count >> 32), 7-8 (tokenizer hash), 9 (vocab size),
+    10 (1 = a flags section of one byte per token follows the tokens)."""
     header = struct.pack("<3i", 20240520, 2, count & 0xFFFFFFFF) + bytes(8)
-    header += struct.pack("<iIIIi", width, count_high, 0x12345678, 0x9ABCDEF0, vocab)
+    header += struct.pack("<iIIIii", width, count_high, 0x12345678, 0x9ABCDEF0, vocab, 0 if flags is None else 1)
     header += bytes(1024 - len(header))
     fmt = "<%d%s" % (len(tokens), "I" if width == 4 else "H")
-    return header + struct.pack(fmt, *tokens)
+    return header + struct.pack(fmt, *tokens) + (bytes(flags) if flags is not None else b"")
 
 
 st = "safetensors_header_fuzz"
@@ -71,3 +72,5 @@ write(tf, "v2_valid_wide.bin", token_file_v2(3, [70000, 1, 151000]))
 write(tf, "v2_valid_narrow.bin", token_file_v2(2, [7, 8], width=2))
 write(tf, "v2_count_high_bit.bin", token_file_v2(3, [1, 2, 3], count_high=0x80000001))
 write(tf, "v2_bad_width.bin", token_file_v2(3, [1, 2, 3], width=3))
+write(tf, "v2_flags.bin", token_file_v2(4, [5, 6, 7, 8], width=2, flags=[2, 1, 3, 1]))
+write(tf, "v2_flags_bad_bits.bin", token_file_v2(2, [5, 6], width=2, flags=[2, 9]))

@@ -31,8 +31,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   gradguard::fuzz::write_scratch(scratch(), data, size);
   try {
     gradguard::data::TokenFile file(scratch(), kVocab);
-    const int64_t expected_bytes = gradguard::data::kTokenFileHeaderBytes + file.width() * file.size();
+    // Tokens, then (with flags) one flag byte per token.
+    const int64_t expected_bytes =
+        gradguard::data::kTokenFileHeaderBytes + (file.width() + (file.has_flags() ? 1 : 0)) * file.size();
     if (file.size() < 0 || static_cast<uint64_t>(expected_bytes) != size) std::abort();
+    if (file.has_flags()) {
+      if (file.size() > 0 && (file.flags()[0] & gradguard::data::kTokenSampleStart) == 0) std::abort();
+      for (int64_t i = 0; i < file.size(); ++i)
+        if ((file.flags()[i] & ~(gradguard::data::kTokenTrained | gradguard::data::kTokenSampleStart)) != 0) std::abort();
+    }
     uint64_t sum = 0;
     for (int64_t i = 0; i < file.size(); ++i) {
       if (file.token(i) >= kVocab) std::abort();  // validation let a bad token through

@@ -89,15 +89,26 @@ ReplayReport replay_snapshot(const std::string& dir, const ReplayOptions& option
     if (!batch.tensors.count(k)) throw bad_input(dir + "/batch.safetensors", std::string("has no tensor '") + k + "'");
   const auto inputs = batch.tensors["inputs"], targets = batch.tensors["targets"];
   const auto sample_index = batch.tensors["sample_index"];
+  // Packed rows (chat/SFT data) carry their positions and segments.
+  const auto positions = batch.tensors.count("positions") ? batch.tensors["positions"] : torch::Tensor();
+  const auto segments = batch.tensors.count("segments") ? batch.tensors["segments"] : torch::Tensor();
+  for (const auto& [name, t] : {std::pair<const char*, at::Tensor>{"positions", positions}, {"segments", segments}}) {
+    if (t.defined() && (!t.sizes().equals(inputs.sizes()) ||
+                        (t.scalar_type() != torch::kLong && t.scalar_type() != torch::kInt)))
+      throw bad_input(dir + "/batch.safetensors", std::string(name) + " must be integers shaped as inputs");
+  }
   if (inputs.dim() != 3 || !inputs.sizes().equals(targets.sizes()) || sample_index.dim() != 2 ||
       sample_index.size(0) != inputs.size(0) || sample_index.size(1) != inputs.size(1))
     throw bad_input(dir + "/batch.safetensors", "inputs/targets must be [accum, micro, T] and sample_index [accum, micro]");
   if (inputs.numel() == 0)
     throw bad_input(dir + "/batch.safetensors", "holds no tokens (no micro-batch or empty ones): nothing to replay");
   const auto model_options = checkpoint::read_hf_config(dir + "/model", cfg.model);
-  for (const auto& [name, t] : {std::pair<const char*, at::Tensor>{"inputs", inputs}, {"targets", targets}}) {
-    if (t.scalar_type() != torch::kLong && t.scalar_type() != torch::kInt)
+  for (const auto& [name, all] : {std::pair<const char*, at::Tensor>{"inputs", inputs}, {"targets", targets}}) {
+    if (all.scalar_type() != torch::kLong && all.scalar_type() != torch::kInt)
       throw bad_input(dir + "/batch.safetensors", std::string(name) + " must hold integer token ids");
+    // Targets that do not train (masked prompts, padding) hold data::kIgnoreTarget.
+    const auto t = std::string(name) == "targets" ? all.masked_select(all != data::kIgnoreTarget) : all;
+    if (t.numel() == 0) continue;
     const int64_t lo = t.min().item<int64_t>(), hi = t.max().item<int64_t>();
     if (lo < 0 || hi >= model_options.vocab_size)
       throw bad_input(dir + "/batch.safetensors", std::string(name) + " hold token ids in [" + std::to_string(lo) +
@@ -120,7 +131,9 @@ ReplayReport replay_snapshot(const std::string& dir, const ReplayOptions& option
   double loss_sum = 0;
   for (int64_t m = 0; m < accum; ++m) {
     zero();
-    data::Batch b{inputs[m].to(torch::kLong), targets[m].to(torch::kLong)};
+    data::Batch b{inputs[m].to(torch::kLong), targets[m].to(torch::kLong),
+                  positions.defined() ? positions[m].to(torch::kLong) : torch::Tensor(),
+                  segments.defined() ? segments[m].to(torch::kLong) : torch::Tensor()};
     auto acc = train::accumulate(*model, {b}, total_tokens, cfg.amp, device, loss_scale, false);
     auto g = grads_of(params);
     MicroReplay mr;
@@ -128,7 +141,8 @@ ReplayReport replay_snapshot(const std::string& dir, const ReplayOptions& option
     mr.loss = acc.micro_losses[0].item<double>();
     mr.recorded_loss = m < static_cast<int64_t>(recorded_micro.size()) ? recorded_micro[m] : NAN;
     // The contribution is the micro-batch's mean gradient x its token share x the scale.
-    const double share = static_cast<double>(b.targets.numel()) / static_cast<double>(total_tokens);
+    const double share =
+        static_cast<double>((b.targets != data::kIgnoreTarget).sum().item<int64_t>()) / static_cast<double>(total_tokens);
     mr.grad_norm = norm_of(g, 1.0 / (loss_scale * share));
     loss_sum += acc.loss.item<double>();
     if (total.empty()) total = g;
@@ -158,8 +172,11 @@ ReplayReport replay_snapshot(const std::string& dir, const ReplayOptions& option
     const int64_t m = r.driving_micro;
     for (int64_t row = 0; row < inputs.size(1); ++row) {
       zero();
-      data::Batch b{inputs[m].narrow(0, row, 1).to(torch::kLong), targets[m].narrow(0, row, 1).to(torch::kLong)};
-      const int64_t tokens = b.targets.numel();
+      auto row_of = [&](const torch::Tensor& t) {
+        return t.defined() ? t[m].narrow(0, row, 1).to(torch::kLong) : torch::Tensor();
+      };
+      data::Batch b{row_of(inputs), row_of(targets), row_of(positions), row_of(segments)};
+      const int64_t tokens = std::max<int64_t>(1, (b.targets != data::kIgnoreTarget).sum().item<int64_t>());
       auto acc = train::accumulate(*model, {b}, tokens, cfg.amp, device, 1.0, false);
       SampleReplay sr;
       sr.micro = m;

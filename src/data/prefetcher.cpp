@@ -32,6 +32,8 @@ void move_to_device(StepBatches& batches, const c10::Device& device) {
     // pinned buffer alive until the copy that reads it has finished.
     b.inputs = b.inputs.pin_memory().to(device, /*non_blocking=*/true);
     b.targets = b.targets.pin_memory().to(device, /*non_blocking=*/true);
+    if (b.positions.defined()) b.positions = b.positions.pin_memory().to(device, /*non_blocking=*/true);
+    if (b.segments.defined()) b.segments = b.segments.pin_memory().to(device, /*non_blocking=*/true);
   }
 }
 

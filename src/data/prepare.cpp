@@ -22,10 +22,13 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "gradguard/core/error.h"
 #include "gradguard/core/json_read.h"
+#include "gradguard/data/sft.h"
 #include "gradguard/data/token_file.h"
 #include "gradguard/data/tokenizer.h"
 
@@ -33,6 +36,15 @@ namespace gradguard::data {
 namespace {
 
 namespace fs = std::filesystem;
+
+// One document: plain text, or a chat / prompt-completion record (JSONL), with where it
+// came from (file, or file:line) for errors and reports.
+struct Document {
+  std::string text;  // plain text; for a record, its JSONL line (counts its bytes)
+  std::string where;
+  std::shared_ptr<const nlohmann::ordered_json> record;  // null: plain text
+};
+using Documents = std::vector<Document>;
 
 enum class Format { kAuto, kText, kJsonl, kBrown };
 
@@ -99,9 +111,9 @@ std::string read_file(const std::string& path) {
 }
 
 // Adds one document, without its trailing newlines; an empty document is dropped.
-void add_document(std::string text, std::vector<std::string>& docs) {
+void add_document(std::string text, const std::string& where, Documents& docs) {
   while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
-  if (!text.empty()) docs.push_back(std::move(text));
+  if (!text.empty()) docs.push_back({std::move(text), where, nullptr});
 }
 
 bool is_blank(const std::string& line) {
@@ -109,8 +121,9 @@ bool is_blank(const std::string& line) {
                      [](unsigned char c) { return std::isspace(c) != 0; });
 }
 
-// One document per non-blank line: {"text": "..."}; other fields are ignored.
-void read_jsonl(const std::string& path, std::vector<std::string>& docs) {
+// One document per non-blank line: {"text": "..."} (other fields are ignored), or a
+// chat / prompt-completion record (data/sft.h), checked when it is encoded.
+void read_jsonl(const std::string& path, Documents& docs) {
   const std::string content = read_file(path);
   size_t begin = 0;
   for (int64_t line_no = 1; begin < content.size(); ++line_no) {
@@ -121,14 +134,20 @@ void read_jsonl(const std::string& path, std::vector<std::string>& docs) {
     if (is_blank(line)) continue;
     const std::string where = path + ":" + std::to_string(line_no);
     const nlohmann::json value = parse_json(line, where, {}, /*require_object=*/false);
-    if (!value.is_object() || !value.contains("text") || !value["text"].is_string()) {
-      throw bad_input(where, "expected a JSON object with a string \"text\" field");
+    if (value.is_object() && (value.contains("messages") || value.contains("prompt"))) {
+      // Parsed again keeping key order: templates print tools and dicts in it.
+      docs.push_back({line, where, std::make_shared<const nlohmann::ordered_json>(nlohmann::ordered_json::parse(line))});
+      continue;
     }
-    add_document(value["text"].get<std::string>(), docs);
+    if (!value.is_object() || !value.contains("text") || !value["text"].is_string()) {
+      throw bad_input(where, "expected a JSON object with a string \"text\" field, a \"prompt\" and "
+                             "\"completion\", or \"messages\"");
+    }
+    add_document(value["text"].get<std::string>(), where, docs);
   }
 }
 
-void read_file_as(const std::string& path, Format format, std::vector<std::string>& docs) {
+void read_file_as(const std::string& path, Format format, Documents& docs) {
   if (format == Format::kAuto) {
     format = fs::path(path).extension() == ".jsonl" ? Format::kJsonl : Format::kText;
   }
@@ -137,15 +156,15 @@ void read_file_as(const std::string& path, Format format, std::vector<std::strin
       read_jsonl(path, docs);
       break;
     case Format::kBrown:
-      add_document(strip_brown_tags(read_file(path)), docs);
+      add_document(strip_brown_tags(read_file(path)), path, docs);
       break;
     default:
-      add_document(read_file(path), docs);
+      add_document(read_file(path), path, docs);
       break;
   }
 }
 
-void read_input(const std::string& input, Format format, std::vector<std::string>& docs) {
+void read_input(const std::string& input, Format format, Documents& docs) {
   std::error_code ec;
   const fs::file_status status = fs::status(input, ec);
   if (!fs::exists(status)) {
@@ -162,7 +181,7 @@ void read_input(const std::string& input, Format format, std::vector<std::string
     bool any = false;
     for (const auto& file : list_files(input)) {
       if (!is_brown_name(file.filename().string())) continue;  // CONTENTS, README, ...
-      add_document(strip_brown_tags(read_file(file.string())), docs);
+      add_document(strip_brown_tags(read_file(file.string())), file.string(), docs);
       any = true;
     }
     if (!any) throw bad_input(input, "holds no Brown corpus files (ca01 ... cr09)");
@@ -184,44 +203,57 @@ void append_tokens(const std::string& text, bool separator, std::vector<uint16_t
   for (const unsigned char c : text) out.push_back(c);
 }
 
-// Documents to ids with a real tokenizer, on several threads: thread k takes documents
-// k, k + n, k + 2n, ...; the caller's progress callback runs on this thread only.
-std::vector<std::vector<int32_t>> encode_documents(const Tokenizer& tokenizer, const std::vector<std::string>& docs,
-                                                   int threads, const PrepareProgress& progress) {
-  std::vector<std::vector<int32_t>> out(docs.size());
-  std::atomic<int64_t> done{0};
-  std::exception_ptr failure;
-  std::mutex failure_mutex;
+// Documents to ids and training flags with a real tokenizer, on several threads: thread
+// k takes documents k, k + n, k + 2n, ...; the caller's progress callback runs on this
+// thread only. Every document is tried, so the failure reported is the first failing
+// document in input order, whatever the threads' timing.
+std::vector<EncodedSample> encode_documents(const Tokenizer& tokenizer, const ChatTemplate* chat, const Documents& docs,
+                                            TrainOn train_on, int threads, const PrepareProgress& progress) {
+  std::vector<EncodedSample> out(docs.size());
+  std::vector<std::exception_ptr> failures(docs.size());
+  std::atomic<int64_t> done{0}, bytes_done{0};
   const int n = std::max(1, std::min<int>(threads, static_cast<int>(docs.size())));
+  PrepareStatus status;
+  status.documents = static_cast<int64_t>(docs.size());
+  for (const auto& d : docs) status.bytes += static_cast<int64_t>(d.text.size());
   std::vector<std::thread> pool;
   for (int k = 0; k < n; ++k) {
     pool.emplace_back([&, k] {
-      try {
-        for (size_t i = static_cast<size_t>(k); i < docs.size(); i += static_cast<size_t>(n)) {
-          out[i] = tokenizer.encode(docs[i], true);
-          if (tokenizer.eos_id() >= 0 && (out[i].empty() || out[i].back() != tokenizer.eos_id())) {
-            out[i].push_back(tokenizer.eos_id());
+      for (size_t i = static_cast<size_t>(k); i < docs.size(); i += static_cast<size_t>(n)) {
+        try {
+          if (docs[i].record) {
+            out[i] = encode_record(tokenizer, chat, *docs[i].record, train_on, docs[i].where);
+          } else {
+            out[i].ids = tokenizer.encode(docs[i].text, true);
+            if (tokenizer.eos_id() >= 0 && (out[i].ids.empty() || out[i].ids.back() != tokenizer.eos_id())) {
+              out[i].ids.push_back(tokenizer.eos_id());
+            }
+            out[i].trained.assign(out[i].ids.size(), 1);
           }
-          ++done;
+        } catch (...) {
+          failures[i] = std::current_exception();
         }
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(failure_mutex);
-        if (!failure) failure = std::current_exception();
-        done = static_cast<int64_t>(docs.size());
+        bytes_done += static_cast<int64_t>(docs[i].text.size());
+        ++done;
       }
     });
   }
-  const auto total = static_cast<int64_t>(docs.size());
   int64_t reported = -1;
   while (true) {
     const int64_t now = done.load();
-    if (progress && now != reported) progress(now, total);
+    const bool finished = now >= status.documents;
+    if (progress && (now != reported || finished)) {
+      status.documents_done = now;
+      status.bytes_done = bytes_done.load();
+      progress(status);
+    }
     reported = now;
-    if (now >= total) break;
+    if (finished) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   for (auto& t : pool) t.join();
-  if (failure) std::rethrow_exception(failure);
+  for (const auto& f : failures)
+    if (f) std::rethrow_exception(f);
   return out;
 }
 
@@ -243,6 +275,11 @@ void PrepareOptions::validate() const {
   }
   if (threads < 0 || threads > 1024) {
     throw bad_input("prepare.threads", "must be in [0, 1024] (0 = one per core), got " + std::to_string(threads));
+  }
+  parse_train_on(train_on);
+  if (seq_len < 0) throw bad_input("prepare.seq_len", "must be >= 0 (0 = no limit), got " + std::to_string(seq_len));
+  if (overlong != "error" && overlong != "truncate" && overlong != "drop") {
+    throw bad_input("prepare.overlong", "unknown value \"" + overlong + "\" (valid: error, truncate, drop)");
   }
   if (!(val_fraction >= 0.0 && val_fraction <= 0.5)) {
     throw bad_input("prepare.val_fraction",
@@ -317,64 +354,116 @@ PrepareResult prepare_dataset(const PrepareOptions& options, const PrepareProgre
     }
   }
 
-  std::vector<std::string> docs;  // [document], in input order
+  Documents docs;  // [document], in input order
   for (const auto& input : options.inputs) read_input(input, format, docs);
   // A corpus of blank lines is empty too: it would make token files of separators only.
-  docs.erase(std::remove_if(docs.begin(), docs.end(), [](const std::string& d) { return is_blank(d); }), docs.end());
+  docs.erase(std::remove_if(docs.begin(), docs.end(),
+                            [](const Document& d) { return !d.record && is_blank(d.text); }),
+             docs.end());
   if (docs.empty()) {
     std::string where;
     for (const auto& input : options.inputs) where += (where.empty() ? "" : ", ") + input;
     throw bad_input(where, "the corpus is empty: no text found in the inputs (only blank lines or nothing)");
   }
+  const auto first_record = std::find_if(docs.begin(), docs.end(), [](const Document& d) { return d.record != nullptr; });
+  const bool sft = first_record != docs.end();
 
   const double f = options.val_fraction;
   const auto total = static_cast<int64_t>(docs.size());
+  if (sft && options.tokenizer.empty()) {
+    throw bad_input(first_record->where, "chat and prompt/completion records need a model's tokenizer: pass --tokenizer DIR");
+  }
   if (!options.tokenizer.empty()) {
     const Tokenizer tokenizer = Tokenizer::load(options.tokenizer);
-    if (total == 1) {
+    std::optional<ChatTemplate> chat;
+    if (sft && !tokenizer.chat_template().empty()) {
+      chat = ChatTemplate::parse(tokenizer.chat_template(), tokenizer.path() + ": chat_template");
+    }
+    if (total == 1 && !sft) {
       // One document: its first (1-f) of bytes train, the rest validate.
-      const std::string doc = docs.front();
+      const std::string doc = docs.front().text;
       const size_t cut = utf8_boundary(doc, static_cast<size_t>(std::floor((1.0 - f) * static_cast<double>(doc.size()))));
-      docs = {doc.substr(0, cut), doc.substr(cut)};
+      docs = {{doc.substr(0, cut), docs.front().where, nullptr}, {doc.substr(cut), docs.front().where, nullptr}};
     }
     const int threads = options.threads > 0 ? options.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    const auto encoded = encode_documents(tokenizer, docs, threads, progress);
+    auto encoded = encode_documents(tokenizer, chat ? &*chat : nullptr, docs, parse_train_on(options.train_on), threads,
+                                    progress);
     std::vector<uint32_t> train_ids, val_ids;
+    std::vector<uint8_t> train_flags, val_flags;
+    const auto limit = static_cast<size_t>(options.seq_len + 1);
     for (size_t i = 0; i < encoded.size(); ++i) {
+      EncodedSample& sample = encoded[i];
+      if (options.seq_len > 0 && sample.ids.size() > limit) {
+        if (options.overlong == "error") {
+          throw bad_input(docs[i].where, "sample of " + std::to_string(sample.ids.size()) +
+                                             " tokens is longer than one training row (--seq-len " +
+                                             std::to_string(options.seq_len) + " + 1 tokens); pass --overlong "
+                                             "truncate or drop, or a larger --seq-len");
+        }
+        if (options.overlong == "drop") {
+          ++result.dropped;
+          continue;
+        }
+        sample.ids.resize(limit);
+        sample.trained.resize(limit);
+        ++result.truncated;
+      }
+      result.undelimited_turns += sample.undelimited_turns;
+      if (sft && sample.trained_tokens() == 0) {
+        ++result.untrainable;
+        if (result.untrainable_at.size() < 5) result.untrainable_at.push_back(docs[i].where);
+        continue;
+      }
       const bool to_val = total == 1 ? i == 1
                                      : std::floor(static_cast<double>(i + 1) * f) > std::floor(static_cast<double>(i) * f);
-      auto& split = to_val ? val_ids : train_ids;
-      split.insert(split.end(), encoded[i].begin(), encoded[i].end());
+      auto& ids = to_val ? val_ids : train_ids;
+      ids.insert(ids.end(), sample.ids.begin(), sample.ids.end());
+      if (sft) {
+        auto& flags = to_val ? val_flags : train_flags;
+        for (size_t t = 0; t < sample.ids.size(); ++t)
+          flags.push_back(static_cast<uint8_t>((sample.trained[t] != 0 ? kTokenTrained : 0) |
+                                               (t == 0 ? kTokenSampleStart : 0)));
+        result.trained_tokens += sample.trained_tokens();
+      }
+    }
+    if (sft && train_ids.empty()) {
+      throw bad_input(first_record->where, "no sample has a token to train on (" + std::to_string(result.untrainable) +
+                                               " without one, " + std::to_string(result.dropped) +
+                                               " dropped as too long): nothing would be learned");
     }
     TokenFileMeta meta;
     meta.dataset_id = new_dataset_id();
     meta.tokenizer_hash = tokenizer.hash();
     meta.vocab_size = tokenizer.vocab_size();
-    write_token_file(result.train_path, train_ids, meta);
-    write_token_file(result.val_path, val_ids, meta);
+    write_token_file(result.train_path, train_ids, meta, train_flags);
+    write_token_file(result.val_path, val_ids, meta, val_flags);
     result.documents = total;
     result.train_tokens = static_cast<int64_t>(train_ids.size());
     result.val_tokens = static_cast<int64_t>(val_ids.size());
     result.tokenizer_identity = tokenizer.identity();
+    result.flags = sft;
     return result;
   }
   std::vector<uint16_t> train;
   std::vector<uint16_t> val;
   if (total == 1) {
     // One document: its first (1-f) of bytes train, the rest validate.
-    const std::string& doc = docs.front();
+    const std::string& doc = docs.front().text;
     const auto cut = static_cast<size_t>(std::floor((1.0 - f) * static_cast<double>(doc.size())));
     append_tokens(doc.substr(0, cut), false, train);
     append_tokens(doc.substr(cut), false, val);
-    if (progress) progress(1, 1);
+    if (progress) progress({1, 1, static_cast<int64_t>(doc.size()), static_cast<int64_t>(doc.size())});
   } else {
+    int64_t bytes_done = 0, bytes_total = 0;
+    for (const auto& d : docs) bytes_total += static_cast<int64_t>(d.text.size());
     for (int64_t i = 0; i < total; ++i) {
       // Spreads validation evenly: the last document of every block of 1/f goes to val.
       const bool to_val =
           std::floor(static_cast<double>(i + 1) * f) > std::floor(static_cast<double>(i) * f);
       std::vector<uint16_t>& split = to_val ? val : train;
-      append_tokens(docs[static_cast<size_t>(i)], !split.empty(), split);
-      if (progress) progress(i + 1, total);
+      append_tokens(docs[static_cast<size_t>(i)].text, !split.empty(), split);
+      bytes_done += static_cast<int64_t>(docs[static_cast<size_t>(i)].text.size());
+      if (progress) progress({i + 1, total, bytes_done, bytes_total});
     }
   }
 

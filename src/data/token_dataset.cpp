@@ -39,15 +39,22 @@ void DataOptions::validate() const {
   if (train_path.empty()) {
     throw bad_input("data.train_path", "must name a token file, got an empty path");
   }
+  if (overlong != "truncate" && overlong != "drop") {
+    throw bad_input("data.overlong", "unknown value \"" + overlong + "\" (valid: truncate, drop)");
+  }
 }
 
 TokenDataset::TokenDataset(std::shared_ptr<const TokenFile> file, int64_t seq_len, bool shuffle,
-                           uint64_t seed)
+                           uint64_t seed, bool packing, bool drop_overlong)
     : file_(std::move(file)), seq_len_(seq_len), shuffle_(shuffle), seed_(seed), num_samples_(0) {
   TORCH_INTERNAL_ASSERT(file_ != nullptr, "TokenDataset needs a token file");
   if (seq_len_ < 1) {
     throw bad_input("data.seq_len",
                     "must be >= 1 (tokens per sample), got " + std::to_string(seq_len_));
+  }
+  if (file_->has_flags()) {
+    build_rows(packing, drop_overlong);
+    return;
   }
   if (file_->size() < seq_len_ + 1) {
     throw bad_input(file_->path(),
@@ -83,10 +90,110 @@ TokenDataset::Permutation TokenDataset::permutation(int64_t epoch) const {
   return perm_;
 }
 
-int64_t TokenDataset::offset_in(int64_t k, const Permutation& perm) const {
+void TokenDataset::build_rows(bool packing, bool drop_overlong) {
+  packed_ = packing;
+  const uint8_t* flags = file_->flags();
+  const int64_t n = file_->size();
+  const int64_t cap = seq_len_ + 1;  // tokens in a row
+  row_begin_.push_back(0);
+  int64_t used = 0;  // tokens of the open row
+  int64_t trained = 0;
+  auto close_row = [&] {
+    if (static_cast<int64_t>(pieces_.size()) == row_begin_.back()) return;
+    row_begin_.push_back(static_cast<int64_t>(pieces_.size()));
+    row_trained_.push_back(trained);
+    used = trained = 0;
+  };
+  for (int64_t start = 0; start < n;) {
+    int64_t end = start + 1;
+    while (end < n && (flags[end] & kTokenSampleStart) == 0) ++end;
+    int64_t length = end - start;
+    ++stats_.samples;
+    if (length > cap) {
+      if (drop_overlong) {
+        ++stats_.dropped_long;
+        start = end;
+        continue;
+      }
+      length = cap;
+      ++stats_.truncated;
+    }
+    int64_t targets = 0;  // the first token of a sample is never a target
+    for (int64_t t = start + 1; t < start + length; ++t) targets += flags[t] & kTokenTrained;
+    if (targets == 0) {
+      ++stats_.dropped_untrainable;
+      start = end;
+      continue;
+    }
+    if (!packing || used + length > cap) close_row();
+    pieces_.emplace_back(start, length);
+    used += length;
+    trained += targets;
+    stats_.trained_targets += targets;
+    start = end;
+  }
+  close_row();
+  stats_.rows = static_cast<int64_t>(row_trained_.size());
+  num_samples_ = stats_.rows;
+  if (num_samples_ == 0) {
+    throw bad_input(file_->path(), "holds " + std::to_string(stats_.samples) + " samples and none is left to train on (" +
+                                       std::to_string(stats_.dropped_long) + " longer than seq_len + 1 = " +
+                                       std::to_string(cap) + " tokens and dropped, " +
+                                       std::to_string(stats_.dropped_untrainable) + " with no trained target" +
+                                       (stats_.truncated > 0 ? " after truncation to seq_len + 1" : "") + ")");
+  }
+}
+
+int64_t TokenDataset::row_in(int64_t k, const Permutation& perm) const {
   const int64_t slot = k % num_samples_;
-  if (!shuffle_) return slot * seq_len_;
-  return (*perm)[static_cast<size_t>(slot)] * seq_len_;
+  if (!shuffle_) return slot;
+  return (*perm)[static_cast<size_t>(slot)];
+}
+
+int64_t TokenDataset::trained_targets(int64_t k) const {
+  TORCH_INTERNAL_ASSERT(k >= 0, "sample index must be >= 0, got ", k);
+  if (!has_samples()) return seq_len_;
+  return row_trained_[static_cast<size_t>(row_in(k, shuffle_ ? permutation(k / num_samples_) : nullptr))];
+}
+
+int64_t TokenDataset::trained_targets(int64_t first, int64_t count) const {
+  if (!has_samples()) return seq_len_ * count;
+  int64_t total = 0;
+  Permutation perm;
+  int64_t perm_epoch = -1;
+  for (int64_t k = first; k < first + count; ++k) {
+    if (shuffle_ && k / num_samples_ != perm_epoch) {
+      perm_epoch = k / num_samples_;
+      perm = permutation(perm_epoch);
+    }
+    total += row_trained_[static_cast<size_t>(row_in(k, perm))];
+  }
+  return total;
+}
+
+void TokenDataset::fill_row(int64_t row, int64_t* inputs, int64_t* targets, int64_t* positions,
+                            int64_t* segments) const {
+  const uint8_t* flags = file_->flags();
+  const int64_t T = seq_len_;
+  int64_t at = 0;  // next slot of the row's T + 1 tokens; slot i < T is input i, slot i > 0 target i-1
+  int64_t segment = 0;
+  auto put = [&](int64_t token, bool target, int64_t position) {
+    if (at < T) {
+      inputs[at] = token;
+      if (positions) positions[at] = position;
+      if (segments) segments[at] = segment;
+    }
+    if (at > 0) targets[at - 1] = target ? token : kIgnoreTarget;
+    ++at;
+  };
+  for (int64_t p = row_begin_[static_cast<size_t>(row)]; p < row_begin_[static_cast<size_t>(row) + 1]; ++p) {
+    const auto [start, length] = pieces_[static_cast<size_t>(p)];
+    for (int64_t t = 0; t < length; ++t)
+      put(file_->token(start + t), t > 0 && (flags[start + t] & kTokenTrained) != 0, t);
+    ++segment;
+  }
+  // Padding: token 0, never a target, a segment of its own (it attends to itself only).
+  for (int64_t position = 0; at <= T; ++position) put(0, false, position);
 }
 
 int64_t TokenDataset::sample_offset(int64_t k) const {
@@ -104,7 +211,28 @@ Batch TokenDataset::batch(int64_t first, int64_t count) const {
 Batch TokenDataset::batch(const std::vector<int64_t>& samples) const {
   const auto rows = static_cast<int64_t>(samples.size());
   const auto options = torch::TensorOptions().dtype(torch::kInt64).device(torch::kCPU);
-  Batch out{torch::empty({rows, seq_len_}, options), torch::empty({rows, seq_len_}, options)};
+  Batch out{torch::empty({rows, seq_len_}, options), torch::empty({rows, seq_len_}, options), {}, {}};
+  if (has_samples()) {
+    if (packed_) {
+      out.positions = torch::empty({rows, seq_len_}, options);
+      out.segments = torch::empty({rows, seq_len_}, options);
+    }
+    Permutation perm;
+    int64_t perm_epoch = -1;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t k = samples[static_cast<size_t>(r)];
+      TORCH_INTERNAL_ASSERT(k >= 0, "sample index must be >= 0, got ", k);
+      if (shuffle_ && k / num_samples_ != perm_epoch) {
+        perm_epoch = k / num_samples_;
+        perm = permutation(perm_epoch);
+      }
+      const int64_t at = r * seq_len_;
+      fill_row(row_in(k, perm), out.inputs.data_ptr<int64_t>() + at, out.targets.data_ptr<int64_t>() + at,
+               packed_ ? out.positions.data_ptr<int64_t>() + at : nullptr,
+               packed_ ? out.segments.data_ptr<int64_t>() + at : nullptr);
+    }
+    return out;
+  }
   int64_t* inputs = out.inputs.data_ptr<int64_t>();
   int64_t* targets = out.targets.data_ptr<int64_t>();
   Permutation perm;  // of epoch `perm_epoch`: looked up once per epoch the rows span, not per row

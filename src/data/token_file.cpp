@@ -81,7 +81,8 @@ class FdGuard {
 namespace {
 // Both versions: the header ints given, then the tokens at `width` bytes each.
 template <class Token>
-void write_tokens(const std::string& path, const std::vector<Token>& tokens, const int32_t (&ints)[10], int width) {
+void write_tokens(const std::string& path, const std::vector<Token>& tokens, const int32_t (&ints)[11], int width,
+                  const std::vector<uint8_t>& flags = {}) {
   namespace fs = std::filesystem;
   const fs::path target(path);
   fs::path dir = target.parent_path();
@@ -109,7 +110,7 @@ void write_tokens(const std::string& path, const std::vector<Token>& tokens, con
   };
 
   unsigned char header[kTokenFileHeaderBytes] = {};
-  for (int i = 0; i < 10; ++i) put_le32(header + 4 * i, ints[i]);
+  for (int i = 0; i < 11; ++i) put_le32(header + 4 * i, ints[i]);
   if (int err = write_all(fd.get(), header, sizeof(header))) throw fail("cannot write", err);
 
   // Tokens go out in chunks converted to little-endian bytes.
@@ -125,6 +126,9 @@ void write_tokens(const std::string& path, const std::vector<Token>& tokens, con
     }
     if (int err = write_all(fd.get(), buf.data(), static_cast<size_t>(width) * (end - begin)))
       throw fail("cannot write", err);
+  }
+  if (!flags.empty()) {
+    if (int err = write_all(fd.get(), flags.data(), flags.size())) throw fail("cannot write", err);
   }
   if (::fsync(fd.get()) != 0) throw fail("cannot fsync", errno);
   if (::close(fd.release()) != 0) throw fail("cannot close", errno);
@@ -147,12 +151,26 @@ void write_token_file(const std::string& path, const std::vector<uint16_t>& toke
                               " tokens do not fit the header's int32 token count; "
                               "split the corpus into several files");
   }
-  const int32_t ints[10] = {kTokenFileMagic, kTokenFileVersion, static_cast<int32_t>(tokens.size()),
-                            low32(dataset_id), high32(dataset_id), 0, 0, 0, 0, 0};
+  const int32_t ints[11] = {kTokenFileMagic, kTokenFileVersion, static_cast<int32_t>(tokens.size()),
+                            low32(dataset_id), high32(dataset_id), 0, 0, 0, 0, 0, 0};
   write_tokens(path, tokens, ints, 2);
 }
 
-void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens, const TokenFileMeta& meta) {
+void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens, const TokenFileMeta& meta,
+                      const std::vector<uint8_t>& flags) {
+  if (!flags.empty()) {
+    if (flags.size() != tokens.size()) {
+      throw bad_input(path, std::to_string(flags.size()) + " token flags for " + std::to_string(tokens.size()) +
+                                " tokens (one byte per token)");
+    }
+    if ((flags[0] & kTokenSampleStart) == 0) throw bad_input(path, "the first token's flags do not start a sample");
+    for (size_t i = 0; i < flags.size(); ++i) {
+      if ((flags[i] & ~(kTokenTrained | kTokenSampleStart)) != 0) {
+        throw bad_input(path, "token flags " + std::to_string(flags[i]) + " at position " + std::to_string(i) +
+                                  " use bits other than 0 and 1");
+      }
+    }
+  }
   if (meta.vocab_size < 1 || meta.vocab_size > std::numeric_limits<int32_t>::max()) {
     throw bad_input(path, "vocab_size " + std::to_string(meta.vocab_size) + " must be in [1, 2^31)");
   }
@@ -164,11 +182,12 @@ void write_token_file(const std::string& path, const std::vector<uint32_t>& toke
   }
   const int width = meta.vocab_size <= 65536 ? 2 : 4;
   const uint64_t count = tokens.size();
-  const int32_t ints[10] = {kTokenFileMagic,        kTokenFileVersion2,      low32(count),
+  const int32_t ints[11] = {kTokenFileMagic,        kTokenFileVersion2,      low32(count),
                             low32(meta.dataset_id), high32(meta.dataset_id), width,
                             high32(count),          low32(meta.tokenizer_hash), high32(meta.tokenizer_hash),
-                            static_cast<int32_t>(meta.vocab_size)};
-  write_tokens(path, tokens, ints, width);
+                            static_cast<int32_t>(meta.vocab_size),
+                            flags.empty() ? 0 : 1};
+  write_tokens(path, tokens, ints, width, flags);
 }
 
 TokenFile::TokenFile(const std::string& path, int64_t vocab_size) : path_(path) {
@@ -204,6 +223,7 @@ TokenFile::TokenFile(const std::string& path, int64_t vocab_size) : path_(path) 
                                 std::to_string(kTokenFileVersion2) + ", uint16 or uint32 tokens and a tokenizer)");
     }
     version_ = version;
+    int64_t flag_bytes_per_token = 0;
     if (version == kTokenFileVersion2) {
       width_ = get_le32(bytes + 20);
       if (width_ != 2 && width_ != 4) {
@@ -218,17 +238,36 @@ TokenFile::TokenFile(const std::string& path, int64_t vocab_size) : path_(path) 
       count = static_cast<int64_t>(count64);
       tokenizer_hash_ = join32(bytes + 28);
       tokenizer_vocab_size_ = get_le32(bytes + 36);
+      const int32_t has_flags = get_le32(bytes + 40);
+      if (has_flags != 0 && has_flags != 1) {
+        throw bad_input(path, "header int 10 (flags section) is " + std::to_string(has_flags) + " (must be 0 or 1)");
+      }
+      flag_bytes_per_token = has_flags;
     }
+    // Tokens, then (with flags) one byte per token: width_ + 1 bytes per token.
     const int64_t token_bytes = file_bytes - kTokenFileHeaderBytes;
+    const int64_t per_token = width_ + flag_bytes_per_token;
     // count is at most the file size here, so width_ * count cannot overflow.
-    if (count < 0 || count > token_bytes || width_ * count != token_bytes) {
+    if (count < 0 || count > token_bytes || per_token * count != token_bytes) {
       const std::string need = count < 0 ? std::string("a negative number of")
-                                         : std::to_string(width_ * count);
+                                         : std::to_string(per_token * count);
       throw bad_input(path, "header says " + std::to_string(count) + " tokens (" + need +
                                 " bytes) but file has " + std::to_string(token_bytes) + " bytes of tokens");
     }
     tokens_ = bytes + kTokenFileHeaderBytes;
     num_tokens_ = count;
+    if (flag_bytes_per_token == 1) {
+      flags_ = bytes + kTokenFileHeaderBytes + width_ * count;
+      if (count > 0 && (flags_[0] & kTokenSampleStart) == 0) {
+        throw bad_input(path, "the flags section does not start a sample at token 0");
+      }
+      for (int64_t i = 0; i < count; ++i) {
+        if ((flags_[i] & ~(kTokenTrained | kTokenSampleStart)) != 0) {
+          throw bad_input(path, "token flags " + std::to_string(flags_[i]) + " at position " + std::to_string(i) +
+                                    " use bits other than 0 and 1");
+        }
+      }
+    }
     dataset_id_ = join32(bytes + 12);
     if (vocab_size > 0) {
       for (int64_t i = 0; i < num_tokens_; ++i) {

@@ -49,6 +49,8 @@ std::string write_snapshot(const std::string& run_dir, const SnapshotData& d) {
     if (d.inputs.defined()) {
       checkpoint::NamedTensors batch = {{"inputs", d.inputs}, {"targets", d.targets}};
       if (d.sample_index.defined()) batch.emplace_back("sample_index", d.sample_index);
+      if (d.positions.defined()) batch.emplace_back("positions", d.positions);
+      if (d.segments.defined()) batch.emplace_back("segments", d.segments);
       checkpoint::save_safetensors((tmp / "batch.safetensors").string(), batch);
     }
     auto lines = [](const std::vector<std::string>& v) {
@@ -151,6 +153,8 @@ guard::SnapshotResult SnapshotWriter::operator()(const guard::GuardedStep& guard
   d.inputs = ev.inputs;
   d.targets = ev.targets;
   d.sample_index = ev.sample_index;
+  d.positions = ev.positions;
+  d.segments = ev.segments;
   const int64_t bytes = d.estimated_bytes();
   if (!budget_.allow(out.step, force, bytes, &result.skipped)) return result;
 

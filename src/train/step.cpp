@@ -1,8 +1,13 @@
-// Token-weighted accumulation: each micro-batch's summed cross-entropy is divided by the
-// token count of the whole global batch before backward, which is both exact (no
-// mean-of-means bias when micro-batches differ in size) and what keeps the accumulated
-// gradient equal to one big batch's.
+// Token-weighted accumulation: each micro-batch's summed cross-entropy over its trained
+// targets is divided by the trained-target count of the whole global batch (all
+// micro-batches of all ranks, known on the host from the data before any forward) before
+// backward. That is exact -- no mean-of-means bias when micro-batches hold different
+// numbers of trained tokens, which masked chat data always does -- and keeps the
+// accumulated gradient equal to one big batch's. A micro-batch with no trained target
+// adds exactly 0 (a sum over nothing), never a NaN.
 #include "gradguard/train/step.h"
+
+#include <algorithm>
 
 #include <torch/torch.h>
 
@@ -13,12 +18,21 @@ torch::Tensor summed_loss(model::LlamaForCausalLMImpl& model, const data::Batch&
   torch::Tensor logits;
   {
     amp::AutocastScope autocast(amp, device);
-    logits = model.forward(b.inputs.to(device));  // [B, T, V]
+    logits = b.positions.defined() || b.segments.defined()
+                 ? model.forward(b.inputs.to(device), b.positions.defined() ? b.positions.to(device) : b.positions,
+                                 b.segments.defined() ? b.segments.to(device) : b.segments)
+                 : model.forward(b.inputs.to(device));  // [B, T, V]
   }
-  // Cross-entropy in float32 whatever the compute dtype.
+  // Cross-entropy in float32 whatever the compute dtype; ignored targets add nothing.
   return torch::nn::functional::cross_entropy(
       logits.reshape({-1, logits.size(-1)}).to(torch::kFloat), b.targets.to(device).reshape({-1}),
-      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum).ignore_index(data::kIgnoreTarget));
+}
+
+// Trained targets of a micro-batch as a 0-dim float tensor on `device`, at least 1 (the
+// mean of a micro-batch with none is then 0, not 0/0). No host read.
+torch::Tensor trained_count(const data::Batch& b, const c10::Device& device) {
+  return (b.targets.to(device) != data::kIgnoreTarget).sum().to(torch::kFloat).clamp_min(1.0);
 }
 }  // namespace
 
@@ -34,7 +48,7 @@ Accumulation accumulate(model::LlamaForCausalLMImpl& model, const std::vector<da
     auto summed = summed_loss(model, b, amp, device);
     auto loss = summed / static_cast<double>(total_tokens);
     out.loss += loss.detach();
-    out.micro_losses.push_back(summed.detach() / static_cast<double>(b.targets.numel()));
+    out.micro_losses.push_back(summed.detach() / trained_count(b, device));
     if (before_last_backward && i + 1 == micro_batches.size()) before_last_backward(out);
     (loss_scale == 1.0 ? loss : loss * loss_scale).backward();
     if (i == 0 && measure_first) {
@@ -59,13 +73,12 @@ double evaluate(model::LlamaForCausalLMImpl& model, const data::TokenDataset& da
   torch::NoGradGuard no_grad;
   const int64_t samples = std::min(micro_batch * batches, dataset.num_samples());
   torch::Tensor sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
-  int64_t tokens = 0;
+  const int64_t tokens = dataset.trained_targets(0, samples);
   for (int64_t first = 0; first < samples; first += micro_batch) {
     auto b = dataset.batch(first, std::min(micro_batch, samples - first));
     sum += summed_loss(model, b, amp, device).to(torch::kDouble);
-    tokens += b.targets.numel();
   }
-  return sum.item<double>() / static_cast<double>(tokens);
+  return sum.item<double>() / static_cast<double>(std::max<int64_t>(tokens, 1));
 }
 
 }  // namespace gradguard::train

@@ -293,11 +293,20 @@ void Trainer::State::build() {
   }
   auto train_file = std::make_shared<data::TokenFile>(c.data.train_path, c.model.vocab_size);
   check_tokenizer(*train_file, c.model.init_from);
-  train = std::make_shared<data::TokenDataset>(train_file, c.data.seq_len, c.data.shuffle, c.run.seed);
+  const bool drop_overlong = c.data.overlong == "drop";
+  train = std::make_shared<data::TokenDataset>(train_file, c.data.seq_len, c.data.shuffle, c.run.seed, c.data.packing,
+                                               drop_overlong);
   if (!c.data.val_path.empty()) {
     auto val_file = std::make_shared<data::TokenFile>(c.data.val_path, c.model.vocab_size);
     data::check_same_dataset(*train_file, *val_file);
-    val = std::make_shared<data::TokenDataset>(val_file, c.data.seq_len, false, c.run.seed);
+    if (val_file->has_flags() != train_file->has_flags()) {
+      throw bad_input(c.data.val_path, std::string(val_file->has_flags() ? "has" : "has no") +
+                                           " token flags (chat/SFT samples) and " + c.data.train_path + " " +
+                                           (train_file->has_flags() ? "has" : "has none") +
+                                           ": prepare both from the same data");
+    }
+    val = std::make_shared<data::TokenDataset>(val_file, c.data.seq_len, false, c.run.seed, c.data.packing,
+                                               drop_overlong);
   }
 
   model = model::LlamaForCausalLM(c.model);

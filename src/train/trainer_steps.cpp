@@ -96,8 +96,11 @@ guard::StepInputs Trainer::State::accumulate_step(int64_t step, const StepData& 
       if (StopSignals::requested() != 0) side.narrow(0, 1 + n_micro + world, 1).fill_(1.0f);
       sync->arm(side);
     };
-  const int64_t tokens_per_step = c.batch.global_batch * c.data.seq_len;
-  auto acc = accumulate(*model, data.batches.micro, tokens_per_step, c.amp, device, guarded->loss_scale(),
+  // The step's samples over all ranks are (step + offset) * G .. + G - 1 (step_batches.h):
+  // every rank counts the same trained targets from the data, with no collective.
+  const int64_t G = c.batch.global_batch;
+  const int64_t trained = std::max<int64_t>(1, train->trained_targets((step + data_offset) * G, G));
+  auto acc = accumulate(*model, data.batches.micro, trained, c.amp, device, guarded->loss_scale(),
                         measure_noise, hand_off);
 
   guard::StepInputs in;
@@ -116,7 +119,15 @@ guard::StepInputs Trainer::State::accumulate_step(int64_t step, const StepData& 
     in.micro_losses = torch::stack(acc.micro_losses);
     if (measure_noise) in.noise_sq_norm = acc.first_sq_norm;
   }
+  // The first micro-batch's share of the step's trained targets (1 / micro-batches for a
+  // stream file; for samples the ranks' first micro-batches differ: their mean share).
   in.noise_share = 1.0 / static_cast<double>(n_micro);
+  if (measure_noise && train->has_samples()) {
+    int64_t first = 0;
+    for (int64_t r = 0; r < world; ++r)
+      first += train->trained_targets(((step + data_offset) * accum * world + r) * c.batch.micro_batch, c.batch.micro_batch);
+    in.noise_share = static_cast<double>(first) / static_cast<double>(world) / static_cast<double>(trained);
+  }
   in.noise_micro_batch = static_cast<double>(c.batch.micro_batch);
   in.noise_global_batch = static_cast<double>(c.batch.global_batch);
   return in;
@@ -136,15 +147,19 @@ forensics::SnapshotEvidence Trainer::State::snapshot_evidence(const guard::StepO
     all = micro_batches(out.step, data_offset, current != nullptr && current->spike, -1);
   else if (current != nullptr)
     all = current->batches;
-  std::vector<torch::Tensor> inputs, targets;
+  std::vector<torch::Tensor> inputs, targets, positions, segments;
   for (const auto& b : all.micro) {
     inputs.push_back(b.inputs.cpu());
     targets.push_back(b.targets.cpu());
+    if (b.positions.defined()) positions.push_back(b.positions.cpu());
+    if (b.segments.defined()) segments.push_back(b.segments.cpu());
   }
   if (!inputs.empty()) {
     ev.inputs = torch::stack(inputs);
     ev.targets = torch::stack(targets);
     ev.sample_index = all.sample_index;
+    if (positions.size() == inputs.size()) ev.positions = torch::stack(positions);
+    if (segments.size() == inputs.size()) ev.segments = torch::stack(segments);
   }
   if (metrics) ev.metrics_lines = metrics->recent();
   if (sampler) ev.telemetry = sampler->window();
@@ -153,7 +168,8 @@ forensics::SnapshotEvidence Trainer::State::snapshot_evidence(const guard::StepO
               {"micro_batch", c.batch.micro_batch},
               {"accum_steps", c.batch.accum_steps},
               {"seq_len", c.data.seq_len},
-              {"tokens_per_step", c.batch.global_batch * c.data.seq_len},
+              {"tokens_per_step", std::max<int64_t>(1, train->trained_targets((out.step + data_offset) * c.batch.global_batch,
+                                                                               c.batch.global_batch))},
               {"data_offset", data_offset}};
   return ev;
 }
@@ -221,6 +237,18 @@ std::vector<std::string> Trainer::State::header(int64_t parameters) const {
   for (const auto& w : c.warnings) out.push_back("warning: " + w);
   for (const auto& n : resume_notes) out.push_back(n);
   if (sampler && !sampler->note().empty()) out.push_back("telemetry: " + sampler->note());
+  for (const auto* d : {train.get(), val.get()}) {
+    if (d == nullptr || !d->has_samples()) continue;
+    const auto& st = d->sample_stats();
+    char msg[512];
+    std::snprintf(msg, sizeof msg,
+                  "data %s: %lld samples -> %lld rows of %lld tokens (%s), %lld trained targets; %lld truncated to "
+                  "seq_len + 1, %lld dropped as longer (data.overlong), %lld dropped with no trained target",
+                  d->file().path().c_str(), (long long)st.samples, (long long)st.rows, (long long)c.data.seq_len,
+                  c.data.packing ? "packed" : "one per row", (long long)st.trained_targets, (long long)st.truncated,
+                  (long long)st.dropped_long, (long long)st.dropped_untrainable);
+    out.push_back(msg);
+  }
   if (peak_lr != c.optim.lr) {
     char msg[160];
     std::snprintf(msg, sizeof msg, "optim.lr_scaling %s: peak lr %.3e (optim.lr %.3e at base_batch %lld)",

@@ -122,13 +122,17 @@ TEST(Prepare, TextDirectoryIsReadInNameOrderAndJoinedByABlankLine) {
   test::write_text(dir.file("corpus/a.txt"), "hello\r\n");
   test::write_text(dir.file("corpus/c.txt"), "\n");  // empty after trimming: dropped
   std::vector<std::pair<int64_t, int64_t>> calls;
-  const PrepareResult r =
-      prepare_dataset(options_for({dir.file("corpus")}, dir, 0.0),
-                      [&](int64_t done, int64_t total) { calls.emplace_back(done, total); });
+  int64_t bytes = 0;
+  const PrepareResult r = prepare_dataset(options_for({dir.file("corpus")}, dir, 0.0), [&](const PrepareStatus& s) {
+    calls.emplace_back(s.documents_done, s.documents);
+    bytes = s.bytes_done;
+    EXPECT_EQ(s.bytes, 10);  // "hello" and "world": the progress bar's MB/s counts these
+  });
   EXPECT_EQ(r.documents, 2);
   EXPECT_EQ(read_tokens_as_text(r.train_path), "hello\n\nworld");
   EXPECT_EQ(r.val_tokens, 0);
   EXPECT_EQ(calls, (std::vector<std::pair<int64_t, int64_t>>{{1, 2}, {2, 2}}));
+  EXPECT_EQ(bytes, 10);
 }
 
 TEST(Prepare, ReadsJsonl) {
@@ -230,7 +234,7 @@ TEST(Prepare, RealBrownCorpus) {
   test::TempDir dir;
   int64_t last_done = 0;
   const PrepareResult r = prepare_dataset(options_for({brown}, dir, 0.05),
-                                          [&](int64_t done, int64_t) { last_done = done; });
+                                          [&](const PrepareStatus& s) { last_done = s.documents_done; });
   EXPECT_EQ(r.documents, 500);
   EXPECT_EQ(last_done, 500);
   EXPECT_GT(r.train_tokens, 5'000'000);

@@ -29,6 +29,7 @@
 
 #include "gradguard/checkpoint/safetensors.h"
 #include "gradguard/core/compat.h"
+#include "gradguard/data/token_file.h"
 #include "gradguard/dist/launch.h"
 #include "test_util.h"
 
@@ -174,6 +175,43 @@ TEST_F(DataParallel, TwoRanksMatchOneProcessWithTheSameGlobalBatch) {
   for (auto& l : test::read_jsonl(dir_.file("runs/ddp/metrics.jsonl")))
     if (l.value("event", "") == "telemetry" && l.value("rank", -1) == 1) rank1_telemetry = true;
   EXPECT_TRUE(rank1_telemetry);
+}
+
+// Chat/SFT rows with masked prompts: every rank divides by the trained targets of the
+// whole global batch (counted from the data, no collective), so two ranks take the same
+// steps as one process even though the ranks' micro-batches hold different numbers of
+// trained tokens.
+TEST_F(DataParallel, TwoRanksMatchOneProcessOnMaskedSamples) {
+  std::vector<uint32_t> tokens;
+  std::vector<uint8_t> flags;
+  uint32_t x = 5;
+  for (int s = 0; s < 600; ++s) {
+    const int length = 4 + (s * 7) % 40, prompt = 1 + (s * 11) % (length - 1);
+    for (int t = 0; t < length; ++t) {
+      x = x * 1103515245u + 12345u;
+      tokens.push_back(97 + (x >> 16) % 26);
+      flags.push_back(static_cast<uint8_t>((t == 0 ? data::kTokenSampleStart : 0) | (t >= prompt ? data::kTokenTrained : 0)));
+    }
+  }
+  data::TokenFileMeta meta;
+  meta.vocab_size = 256;
+  data::write_token_file(dir_.file("sft/train.bin"), tokens, meta, flags);
+  const std::string args = " --set data.train_path=sft/train.bin --set data.val_path=";
+  ASSERT_EQ(test::run_cli(train_args("sft-single", 4) + args, dir_.path()).exit_code, 0);
+  auto [c0, c1] = run_two(train_args("sft-ddp", 4, "--set dist.check_every=1") + args);
+  ASSERT_EQ(c0, 0) << logs();
+  ASSERT_EQ(c1, 0) << logs();
+  const auto a = steps("sft-single"), b = steps("sft-ddp");
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t s = 0; s < a.size(); ++s) {
+    EXPECT_NEAR(b[s]["loss"].get<double>(), a[s]["loss"].get<double>(), 1e-5) << "step " << s;
+    EXPECT_NEAR(b[s]["grad_norm"].get<double>(), a[s]["grad_norm"].get<double>(),
+                1e-4 * a[s]["grad_norm"].get<double>())
+        << "step " << s;
+  }
+  const auto wa = weights("sft-single", 4), wb = weights("sft-ddp", 4);
+  for (const auto& [name, t] : wa) EXPECT_LT((wb.at(name) - t).abs().max().item<double>(), 1e-4) << name;
 }
 
 TEST_F(DataParallel, CompressionHooksStayCloseToTheUncompressedRun) {

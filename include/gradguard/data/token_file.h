@@ -6,7 +6,11 @@
 // 65,536 ids such as Qwen's 151k), int 6 the high 32 bits of the token count (int 2 holds
 // the low 32), ints 7 and 8 the 64-bit hash of the tokenizer.json the ids come from
 // (data::tokenizer_file_hash), int 9 that tokenizer's vocabulary size. Training refuses
-// a file whose tokenizer is not the model's.
+// a file whose tokenizer is not the model's. Int 10 is 1 when a flags section follows the
+// tokens: one byte per token, bit 0 (kTokenTrained) when the token is a training target
+// (its prediction counts in the loss; prompts and chat headers have it clear) and bit 1
+// (kTokenSampleStart) on the first token of each sample (`gradguard prepare` on chat and
+// prompt/completion data, docs/data.md).
 //
 // The dataset id is the same in the train and val files of one `prepare` run and
 // differs between runs, so a train file next to a validation file of another dataset (a
@@ -26,6 +30,8 @@ constexpr int32_t kTokenFileVersion = 1;   // uint16 tokens, llm.c's
 constexpr int32_t kTokenFileVersion2 = 2;  // width and tokenizer in the header
 constexpr int64_t kTokenFileHeaderInts = 256;
 constexpr int64_t kTokenFileHeaderBytes = kTokenFileHeaderInts * 4;
+constexpr uint8_t kTokenTrained = 1;      // flags: a training target
+constexpr uint8_t kTokenSampleStart = 2;  // flags: the first token of a sample
 
 // Writes `tokens` to `path` atomically (a temporary file in the same directory, fsync,
 // rename), creating parent directories. Throws gradguard::Error (bad input) naming the
@@ -41,7 +47,10 @@ struct TokenFileMeta {
 // Writes a version-2 file atomically, as write_token_file above does a version-1 one.
 // Throws gradguard::Error (bad input) naming the path when it cannot be written or a
 // token is outside [0, vocab_size).
-void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens, const TokenFileMeta& meta);
+// `flags`, when not empty, is the flags section: one byte per token (same length as
+// `tokens`, only bits 0 and 1 used, the first byte a sample start).
+void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens, const TokenFileMeta& meta,
+                      const std::vector<uint8_t>& flags = {});
 
 // A fresh dataset id for one `prepare` run: random and non-zero.
 uint64_t new_dataset_id();
@@ -76,6 +85,10 @@ class TokenFile {
   uint64_t dataset_id() const { return dataset_id_; }          // 0 = none recorded
   uint64_t tokenizer_hash() const { return tokenizer_hash_; }  // 0 = byte-level or unknown (version 1)
   int64_t tokenizer_vocab_size() const { return tokenizer_vocab_size_; }  // 0 = not recorded
+  // The flags section (version 2 with int 10 = 1): null when the file has none, which
+  // means every token is a target and the file is one stream without samples.
+  const uint8_t* flags() const { return flags_; }
+  bool has_flags() const { return flags_ != nullptr; }
 
  private:
   std::string path_;
@@ -88,6 +101,7 @@ class TokenFile {
   uint64_t dataset_id_ = 0;
   uint64_t tokenizer_hash_ = 0;
   int64_t tokenizer_vocab_size_ = 0;
+  const uint8_t* flags_ = nullptr;
 };
 
 }  // namespace gradguard::data

@@ -54,6 +54,7 @@ struct SnapshotData {
   checkpoint::NamedTensors gradients;        // "<param>" -> gradient
   at::Tensor inputs, targets;                // [micro-batches, micro, T] int64; undefined = no batch
   at::Tensor sample_index;                   // [micro-batches, micro] int64; may be undefined
+  at::Tensor positions, segments;            // packed rows (data/token_dataset.h): as inputs; else undefined
   std::string state_json;                    // state.json contents
   std::vector<std::string> metrics_lines;    // oldest first, one JSON object each
   std::vector<std::string> telemetry_lines;  // oldest first
@@ -88,6 +89,7 @@ class SnapshotBudget {
 // What only the loop knows about a step, asked for when its snapshot is written.
 struct SnapshotEvidence {
   at::Tensor inputs, targets, sample_index;        // the batch (see SnapshotData); may be undefined
+  at::Tensor positions, segments;                  // packed rows only
   std::vector<std::string> metrics_lines;          // recent metrics.jsonl lines, oldest first
   std::vector<telemetry::Sample> telemetry;        // the sampler's window
   std::string config_yaml;                         // the effective configuration ("" = none)

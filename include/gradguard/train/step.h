@@ -14,10 +14,13 @@
 namespace gradguard::train {
 
 // Forward and backward over every micro-batch of one optimizer step, accumulating into
-// .grad. The loss is the mean over all target tokens of the global batch: each micro-batch
-// contributes sum(token losses) / total_tokens, so micro 4 x accum 8 gives the same
-// gradients as micro 32 x accum 1. `total_tokens` is the target-token count of the whole
-// global batch (across ranks). With loss_scale != 1 the loss is multiplied by it before
+// .grad. The loss is the mean over all trained target tokens of the global batch: each
+// micro-batch contributes sum(token losses over its trained targets) / total_tokens, so
+// micro 4 x accum 8 gives the same gradients as micro 32 x accum 1, and as 2 ranks x
+// micro 4 x accum 4, also when the micro-batches hold different numbers of trained
+// targets (masked chat data). `total_tokens` is the trained-target count of the whole
+// global batch across ranks (TokenDataset::trained_targets over the step's samples);
+// targets equal to data::kIgnoreTarget do not count. With loss_scale != 1 the loss is multiplied by it before
 // backward (dynamic loss scaling), so the gradients come out scaled and must be unscaled
 // by the statistics pass. Returns the global-batch mean loss (unscaled) as a 0-dim
 // tensor on the model's device (no host sync).
@@ -26,7 +29,7 @@ at::Tensor accumulate_gradients(model::LlamaForCausalLMImpl& model, const std::v
                                 double loss_scale = 1.0);
 
 // accumulate_gradients with what the guard reads besides the loss, all left on the
-// device (no host sync): each micro-batch's mean token loss, and -- when
+// device (no host sync): each micro-batch's mean loss over its trained targets, and -- when
 // `measure_first` -- the squared L2 norm of the gradients right after the first
 // micro-batch's backward (still multiplied by loss_scale and by the first micro-batch's
 // share of the global tokens), which the gradient-noise-scale estimate needs.
@@ -43,7 +46,7 @@ Accumulation accumulate(model::LlamaForCausalLMImpl& model, const std::vector<da
                         double loss_scale, bool measure_first,
                         const std::function<void(const Accumulation&)>& before_last_backward = {});
 
-// Mean target-token loss over up to `batches` micro-batches of `micro_batch` samples taken
+// Mean loss over the trained targets of up to `batches` micro-batches of `micro_batch` samples taken
 // from the start of `dataset` (never wrapping past its end), without gradients. Syncs once.
 double evaluate(model::LlamaForCausalLMImpl& model, const data::TokenDataset& dataset, int64_t micro_batch,
                 int64_t batches, const amp::AmpOptions& amp, const c10::Device& device);

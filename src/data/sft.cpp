@@ -1,0 +1,198 @@
+// Records to ids and training flags (sft.h). The chat split renders prefixes of the
+// conversation and checks each is a prefix of the whole rendering, so it needs nothing
+// from the template but determinism: no generation tags, no per-template rules.
+#include "gradguard/data/sft.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "gradguard/core/error.h"
+
+namespace gradguard::data {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+bool starts_with(const std::string& text, const std::string& prefix) {
+  return text.size() >= prefix.size() && text.compare(0, prefix.size(), prefix) == 0;
+}
+
+// Appends the ids of text[begin, end) with flag `trained`.
+void append_piece(const Tokenizer& tokenizer, const std::string& text, size_t begin, size_t end, bool trained,
+                  EncodedSample& out) {
+  if (end <= begin) return;
+  const auto ids = tokenizer.encode(std::string_view(text).substr(begin, end - begin), /*add_special_tokens=*/false);
+  out.ids.insert(out.ids.end(), ids.begin(), ids.end());
+  out.trained.insert(out.trained.end(), ids.size(), trained ? 1 : 0);
+}
+
+void append_eos(const Tokenizer& tokenizer, bool trained, EncodedSample& out) {
+  if (tokenizer.eos_id() < 0 || (!out.ids.empty() && out.ids.back() == tokenizer.eos_id())) return;
+  out.ids.push_back(tokenizer.eos_id());
+  out.trained.push_back(trained ? 1 : 0);
+}
+
+const std::string& string_field(const ojson& record, const char* key, const std::string& where) {
+  const auto it = record.find(key);
+  if (it == record.end() || !it->is_string()) {
+    throw bad_input(where, std::string("\"") + key + "\" must be a string, got " +
+                               (it == record.end() ? std::string("nothing") : std::string(it->type_name())));
+  }
+  return it->get_ref<const std::string&>();
+}
+
+void check_messages(const ojson& messages, const std::string& where) {
+  if (!messages.is_array() || messages.empty()) {
+    throw bad_input(where, "\"messages\" must be a non-empty list of {\"role\", \"content\"} objects");
+  }
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ojson& m = messages[i];
+    const std::string at = where + ": messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) throw bad_input(at, std::string("must be an object, got ") + m.type_name());
+    const auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) throw bad_input(at, "has no string \"role\"");
+    const std::string& r = role->get_ref<const std::string&>();
+    if (r != "system" && r != "user" && r != "assistant" && r != "tool") {
+      throw bad_input(at, "unknown role \"" + r + "\" (known: system, user, assistant, tool)");
+    }
+    const auto content = m.find("content");
+    const bool has_tool_calls = m.contains("tool_calls");
+    if (content == m.end() ? !has_tool_calls : !(content->is_string() || content->is_null() || content->is_array())) {
+      throw bad_input(at, "\"content\" must be a string (or null/absent with \"tool_calls\")");
+    }
+  }
+}
+
+std::string render(const ChatTemplate& chat, const Tokenizer& tokenizer, const ojson& record, const ojson& messages,
+                   bool add_generation_prompt, const std::string& where) {
+  ojson context = ojson::object();
+  context["messages"] = messages;
+  context["add_generation_prompt"] = add_generation_prompt;
+  context["bos_token"] = tokenizer.bos_token();
+  context["eos_token"] = tokenizer.eos_token();
+  if (record.contains("tools")) context["tools"] = record["tools"];
+  try {
+    return chat.render(context);
+  } catch (const Error& e) {
+    throw bad_input(where, "the chat template failed: " + std::string(e.what()));
+  }
+}
+
+// End of the first special token's text in text[from, ...), npos when there is none.
+// Whether a prefix holds one is monotone in its length: binary search on it.
+size_t end_of_first_special(const Tokenizer& tokenizer, const std::string& text, size_t from) {
+  const std::string_view rest = std::string_view(text).substr(from);
+  if (!tokenizer.contains_special_text(rest)) return std::string::npos;
+  size_t lo = 0, hi = rest.size();  // rest[0, hi) holds one, rest[0, lo) does not
+  while (hi - lo > 1) {
+    const size_t mid = lo + (hi - lo) / 2;
+    (tokenizer.contains_special_text(rest.substr(0, mid)) ? hi : lo) = mid;
+  }
+  return from + hi;
+}
+
+EncodedSample encode_chat(const Tokenizer& tokenizer, const ChatTemplate* chat, const ojson& record, TrainOn train_on,
+                          const std::string& where) {
+  if (chat == nullptr) {
+    throw bad_input(where, "a \"messages\" record needs the tokenizer's chat template, and " + tokenizer.path() +
+                               " has none (tokenizer_config.json \"chat_template\")");
+  }
+  const ojson& messages = record["messages"];
+  check_messages(messages, where);
+  const std::string full = render(*chat, tokenizer, record, messages, false, where);
+  EncodedSample out;
+  if (train_on == TrainOn::kAll) {
+    append_piece(tokenizer, full, 0, full.size(), true, out);
+    return out;
+  }
+  size_t pos = 0;  // full[0, pos) is encoded
+  const size_t n = messages.size();
+  for (size_t i = 0; i < n; ++i) {
+    if (messages[i]["role"] != "assistant") continue;
+    const ojson before(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(i));
+    std::string prompt;
+    try {
+      prompt = render(*chat, tokenizer, record, before, true, where);
+    } catch (const Error&) {
+      ++out.undelimited_turns;  // e.g. a template that refuses a conversation without a user turn
+      continue;
+    }
+    if (!starts_with(full, prompt) || prompt.size() < pos) {
+      ++out.undelimited_turns;
+      continue;
+    }
+    // The turn ends with the first special token after its content (<|im_end|>,
+    // <|eot_id|>, </s>, <end_of_turn>): what the model must generate to stop.
+    size_t from = prompt.size();
+    const auto content = messages[i].find("content");
+    if (content != messages[i].end() && content->is_string() && !content->get_ref<const std::string&>().empty()) {
+      const size_t at = full.find(content->get_ref<const std::string&>(), prompt.size());
+      if (at != std::string::npos) from = at + content->get_ref<const std::string&>().size();
+    }
+    const size_t end = end_of_first_special(tokenizer, full, from);
+    if (end == std::string::npos && i + 1 != n) {
+      ++out.undelimited_turns;
+      continue;
+    }
+    append_piece(tokenizer, full, pos, prompt.size(), false, out);
+    pos = end == std::string::npos ? full.size() : end;
+    append_piece(tokenizer, full, prompt.size(), pos, true, out);
+  }
+  append_piece(tokenizer, full, pos, full.size(), false, out);
+  return out;
+}
+
+}  // namespace
+
+TrainOn parse_train_on(const std::string& name) {
+  if (name == "completion") return TrainOn::kCompletion;
+  if (name == "all") return TrainOn::kAll;
+  throw bad_input("prepare.train_on", "unknown value \"" + name + "\" (valid: completion, all)");
+}
+
+const char* name_of(TrainOn value) { return value == TrainOn::kAll ? "all" : "completion"; }
+
+bool is_sft_record(const nlohmann::ordered_json& record) {
+  return record.is_object() && (record.contains("messages") || record.contains("prompt"));
+}
+
+int64_t EncodedSample::trained_tokens() const {
+  // The first token is never a target (nothing precedes it), whatever its flag.
+  int64_t n = 0;
+  for (size_t i = 1; i < trained.size(); ++i) n += trained[i];
+  return n;
+}
+
+EncodedSample encode_record(const Tokenizer& tokenizer, const ChatTemplate* chat, const nlohmann::ordered_json& record,
+                            TrainOn train_on, const std::string& where) {
+  if (!record.is_object()) throw bad_input(where, std::string("expected a JSON object, got ") + record.type_name());
+  const int shapes = int(record.contains("messages")) + int(record.contains("prompt")) + int(record.contains("text"));
+  if (shapes != 1) {
+    throw bad_input(where, shapes == 0 ? "expected one of {\"text\"}, {\"prompt\", \"completion\"} or {\"messages\"}"
+                                       : "has more than one of \"text\", \"prompt\" and \"messages\": which one to train on "
+                                         "is ambiguous");
+  }
+  if (record.contains("messages")) return encode_chat(tokenizer, chat, record, train_on, where);
+  EncodedSample out;
+  if (record.contains("text")) {
+    const std::string& text = string_field(record, "text", where);
+    out.ids = tokenizer.encode(text, true);
+    out.trained.assign(out.ids.size(), 1);
+    append_eos(tokenizer, true, out);
+    return out;
+  }
+  const std::string& prompt = string_field(record, "prompt", where);
+  const std::string& completion = string_field(record, "completion", where);
+  out.ids = tokenizer.encode(prompt, true);
+  // A template processor that appends eos to every encode (rare) would end the prompt
+  // with it: drop it, the sample's eos comes after the completion.
+  if (!out.ids.empty() && tokenizer.eos_id() >= 0 && out.ids.back() == tokenizer.eos_id()) out.ids.pop_back();
+  out.trained.assign(out.ids.size(), train_on == TrainOn::kAll ? 1 : 0);
+  const auto answer = tokenizer.encode(completion, false);
+  out.ids.insert(out.ids.end(), answer.begin(), answer.end());
+  out.trained.insert(out.trained.end(), answer.size(), 1);
+  append_eos(tokenizer, true, out);
+  return out;
+}
+
+}  // namespace gradguard::data
