@@ -1,16 +1,18 @@
-// HF directory I/O. The config mapping is LlamaConfig's: hidden_size, intermediate_size,
-// num_hidden_layers, num_attention_heads, num_key_value_heads (defaults to
-// num_attention_heads when absent, as HF does), vocab_size, max_position_embeddings,
-// rms_norm_eps, rope_theta (default 10000), tie_word_embeddings (default false).
+// HF directory I/O: tensors here, the config.json mapping in hf_config.cpp. A saved
+// directory carries on the directory the model came from (LlamaOptions::init_from): its
+// config.json keys, updated where the model decides, and its tokenizer files, so that a
+// fine-tune of an HF model exports as a complete HF model directory.
 #include "gradguard/checkpoint/hf_checkpoint.h"
 
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <system_error>
 
 #include <torch/torch.h>
 
+#include "gradguard/checkpoint/hf_config.h"
 #include "gradguard/checkpoint/safetensors.h"
 #include "gradguard/core/error.h"
 #include "gradguard/core/json_read.h"
@@ -53,26 +55,28 @@ std::map<std::string, at::Tensor> load_all_tensors(const std::string& dir, std::
   return all;
 }
 
+// HF's name for a parameter dtype (config.json torch_dtype).
+std::string hf_dtype_name(c10::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "float32";
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
+    case at::kDouble: return "float64";
+    default: return c10::toString(t);
+  }
+}
+
 }  // namespace
 
 void save_hf_model(const std::string& dir, model::LlamaForCausalLMImpl& model, int64_t max_shard_bytes) {
   const auto& o = model.options();
-  nlohmann::ordered_json cfg = {
-      {"architectures", {"LlamaForCausalLM"}},
-      {"model_type", "llama"},
-      {"hidden_size", o.hidden_size},
-      {"intermediate_size", o.intermediate_size},
-      {"num_hidden_layers", o.num_layers},
-      {"num_attention_heads", o.num_heads},
-      {"num_key_value_heads", o.num_kv_heads},
-      {"vocab_size", o.vocab_size},
-      {"max_position_embeddings", o.max_seq_len},
-      {"rms_norm_eps", o.rms_norm_eps},
-      {"rope_theta", o.rope_theta},
-      {"tie_word_embeddings", o.tie_embeddings},
-      {"hidden_act", "silu"},
-      {"torch_dtype", "float32"},
-  };
+  const std::string& source_dir = o.init_from;
+  nlohmann::ordered_json source = nlohmann::ordered_json::object();
+  if (!source_dir.empty() && fs::exists(source_dir + "/config.json")) {
+    const std::string source_path = source_dir + "/config.json";
+    source = parse_ordered_json(fs::read_file(source_path, JsonLimits{}.max_bytes), source_path);
+  }
+  const auto cfg = hf_config_from_options(o, source, hf_dtype_name(model.model->embed_tokens->weight.scalar_type()));
   std::filesystem::create_directories(dir);
   NamedTensors tensors;
   int64_t total = 0;
@@ -100,68 +104,22 @@ void save_hf_model(const std::string& dir, model::LlamaForCausalLMImpl& model, i
     }
     fs::write_file_atomic(dir + "/model.safetensors.index.json", index.dump(2) + "\n");
   }
+  // The source's tokenizer and generation files, unchanged (a directory saved onto itself
+  // keeps its own).
+  std::error_code same_error;
+  if (!source_dir.empty() && !std::filesystem::equivalent(source_dir, dir, same_error)) {
+    for (const char* name : kHfSideFiles) {
+      const std::string from = source_dir + "/" + name;
+      if (fs::exists(from)) fs::write_file_atomic(dir + "/" + name, fs::read_file(from));
+    }
+  }
   fs::write_file_atomic(dir + "/config.json", cfg.dump(2) + "\n");
 }
 
 model::LlamaOptions read_hf_config(const std::string& dir, const model::LlamaOptions& base) {
   const std::string path = dir + "/config.json";
-  const nlohmann::json cfg = read_json_file(path);
-  auto get_int = [&](const char* key, std::optional<int64_t> fallback) -> int64_t {
-    if (!cfg.contains(key)) {
-      if (fallback) return *fallback;
-      throw bad_input(path, std::string("missing key '") + key + "'");
-    }
-    if (!cfg[key].is_number_integer())
-      throw bad_input(path, std::string("key '") + key + "' must be an integer, got " + describe(cfg[key]));
-    return cfg[key].get<int64_t>();
-  };
-  auto get_num = [&](const char* key, double fallback) -> double {
-    if (!cfg.contains(key)) return fallback;
-    // null is what JSON makes of inf or NaN: not the default, a value lost.
-    if (!cfg[key].is_number())
-      throw bad_input(path, std::string("key '") + key + "' must be a number, got " + describe(cfg[key]));
-    return cfg[key].get<double>();
-  };
-  if (cfg.contains("model_type") && cfg["model_type"] != "llama")
-    throw bad_input(path, "model_type " + describe(cfg["model_type"]) + " is not supported (only \"llama\")");
-  if (cfg.contains("hidden_act") && cfg["hidden_act"] != "silu")
-    throw bad_input(path, "hidden_act " + describe(cfg["hidden_act"]) + " is not supported (only \"silu\")");
-  model::LlamaOptions o = base;
-  o.hidden_size = get_int("hidden_size", std::nullopt);
-  o.intermediate_size = get_int("intermediate_size", std::nullopt);
-  o.num_layers = get_int("num_hidden_layers", std::nullopt);
-  o.num_heads = get_int("num_attention_heads", std::nullopt);
-  o.num_kv_heads = get_int("num_key_value_heads", o.num_heads);
-  o.vocab_size = get_int("vocab_size", std::nullopt);
-  o.max_seq_len = get_int("max_position_embeddings", base.max_seq_len);
-  o.rms_norm_eps = get_num("rms_norm_eps", 1e-6);
-  o.rope_theta = get_num("rope_theta", 10000.0);
-  if (cfg.contains("rope_scaling") && !cfg["rope_scaling"].is_null())
-    throw bad_input(path, "rope_scaling " + describe(cfg["rope_scaling"]) +
-                              " is not supported (only plain RoPE: rope_scaling null or absent)");
-  // Keys the model would otherwise ignore while loading weights of another shape or
-  // meaning: refused rather than read as the defaults.
-  if (cfg.contains("head_dim") && !cfg["head_dim"].is_null()) {
-    const int64_t head_dim = get_int("head_dim", std::nullopt);
-    if (o.num_heads <= 0 || head_dim * o.num_heads != o.hidden_size) {
-      throw bad_input(path, "head_dim " + std::to_string(head_dim) + " is not hidden_size / num_attention_heads (" +
-                                std::to_string(o.hidden_size) + " / " + std::to_string(o.num_heads) +
-                                "): a separate head size is not supported");
-    }
-  }
-  for (const char* key : {"attention_bias", "mlp_bias"}) {
-    if (!cfg.contains(key) || cfg[key].is_null()) continue;
-    if (!cfg[key].is_boolean()) throw bad_input(path, std::string("key '") + key + "' must be true or false, got " + describe(cfg[key]));
-    if (cfg[key].get<bool>()) throw bad_input(path, std::string(key) + " true is not supported (Llama's projections have no bias)");
-  }
-  if (cfg.contains("tie_word_embeddings") && !cfg["tie_word_embeddings"].is_boolean())
-    throw bad_input(path, "key 'tie_word_embeddings' must be true or false, got " + describe(cfg["tie_word_embeddings"]));
-  o.tie_embeddings = cfg.value("tie_word_embeddings", false);
-  try {
-    o.validate();
-  } catch (const Error& e) {
-    throw bad_input(path, std::string("describes an unsupported model: ") + e.what());
-  }
+  auto o = options_from_hf_config(read_json_file(path), path, base);
+  o.init_from = dir;
   return o;
 }
 

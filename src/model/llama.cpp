@@ -28,6 +28,7 @@
 #include "gradguard/core/error.h"
 #include "gradguard/model/attention.h"
 #include "gradguard/model/fused_ops.h"
+#include "gradguard/model/rope.h"
 
 namespace gradguard::model {
 namespace {
@@ -36,8 +37,8 @@ void require(bool ok, const std::string& key, const std::string& what) {
   if (!ok) throw bad_input(key, what);
 }
 
-torch::nn::Linear linear(int64_t in, int64_t out) {
-  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
 }
 
 // Keeps the layer alive and reachable from its checkpoint node until backward.
@@ -182,12 +183,20 @@ void LlamaOptions::validate() const {
   require(intermediate_size >= 1, "model.intermediate_size",
           "must be >= 1, got " + std::to_string(intermediate_size));
   require(num_layers >= 1, "model.num_layers", "must be >= 1, got " + std::to_string(num_layers));
-  require(num_heads >= 1 && hidden_size % num_heads == 0, "model.num_heads",
-          "must be >= 1 and divide model.hidden_size (" + std::to_string(hidden_size) + "), got " +
-              std::to_string(num_heads));
-  require(head_dim() % 2 == 0, "model.num_heads",
-          "head_dim = hidden_size / num_heads must be even for rotary embeddings, got " +
-              std::to_string(head_dim()));
+  require(head_dim >= 0 && head_dim <= 4096 && head_dim % 2 == 0, "model.head_dim",
+          "must be 0 (hidden_size / num_heads) or an even width in [2, 4096] for rotary embeddings, got " +
+              std::to_string(head_dim));
+  if (head_dim == 0) {
+    require(num_heads >= 1 && hidden_size % num_heads == 0, "model.num_heads",
+            "must be >= 1 and divide model.hidden_size (" + std::to_string(hidden_size) +
+                ") when model.head_dim is 0, got " + std::to_string(num_heads));
+    require(head_size() % 2 == 0, "model.num_heads",
+            "head_dim = hidden_size / num_heads must be even for rotary embeddings, got " +
+                std::to_string(head_size()));
+  } else {
+    require(num_heads >= 1 && num_heads <= 4096, "model.num_heads",
+            "must be in [1, 4096], got " + std::to_string(num_heads));
+  }
   require(num_kv_heads >= 1 && num_heads % num_kv_heads == 0, "model.num_kv_heads",
           "must be >= 1 and divide model.num_heads (" + std::to_string(num_heads) + "), got " +
               std::to_string(num_kv_heads));
@@ -205,6 +214,32 @@ void LlamaOptions::validate() const {
           "must be in (0, 1), got " + format_number(rms_norm_eps));
   require(std::isfinite(init_std) && init_std > 0 && init_std < 10, "model.init_std",
           "must be in (0, 10), got " + format_number(init_std));
+  // Combinations no Hugging Face family has (docs/models.md): refused so that every model
+  // gradguard trains can be exported as a directory Hugging Face loads.
+  require(!(mlp_bias && qk_norm), "model.mlp_bias", "cannot be true with model.qk_norm (Qwen3 has no MLP biases)");
+  require(!(mlp_bias && qkv_bias && !attention_bias), "model.mlp_bias",
+          "cannot be true with model.qkv_bias (Qwen2 has no MLP biases; attention_bias puts biases on o_proj too)");
+  require(!(qkv_bias && qk_norm && !attention_bias), "model.qkv_bias",
+          "cannot be true with model.qk_norm (Qwen3 biases all four projections or none: use attention_bias)");
+  require(sliding_window >= 0, "model.sliding_window", "must be >= 0 (0 = none), got " + std::to_string(sliding_window));
+  require(sliding_window == 0 || !(attention_bias || qkv_bias || mlp_bias || qk_norm), "model.sliding_window",
+          "cannot be set with projection biases or qk_norm (Mistral, the family with a window, has neither)");
+  if (rope_scaling == RopeScaling::kLlama3) {
+    require(std::isfinite(rope_scaling_factor) && rope_scaling_factor >= 1 && rope_scaling_factor <= 1e6,
+            "model.rope_scaling_factor", "must be in [1, 1e6], got " + format_number(rope_scaling_factor));
+    require(std::isfinite(rope_scaling_low_freq_factor) && rope_scaling_low_freq_factor > 0 &&
+                rope_scaling_low_freq_factor <= 1e6,
+            "model.rope_scaling_low_freq_factor",
+            "must be in (0, 1e6], got " + format_number(rope_scaling_low_freq_factor));
+    require(std::isfinite(rope_scaling_high_freq_factor) && rope_scaling_high_freq_factor > rope_scaling_low_freq_factor &&
+                rope_scaling_high_freq_factor <= 1e6,
+            "model.rope_scaling_high_freq_factor",
+            "must be greater than model.rope_scaling_low_freq_factor (" + format_number(rope_scaling_low_freq_factor) +
+                ") and <= 1e6, got " + format_number(rope_scaling_high_freq_factor));
+    require(rope_scaling_original_max_seq_len >= 1 && rope_scaling_original_max_seq_len <= 1 << 24,
+            "model.rope_scaling_original_max_seq_len",
+            "must be in [1, 16777216], got " + std::to_string(rope_scaling_original_max_seq_len));
+  }
 }
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
@@ -217,28 +252,40 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
 }
 
 AttentionImpl::AttentionImpl(const LlamaOptions& o)
-    : num_heads_(o.num_heads), num_kv_heads_(o.num_kv_heads), head_dim_(o.head_dim()) {
-  q_proj = register_module("q_proj", linear(o.hidden_size, o.num_heads * head_dim_));
-  k_proj = register_module("k_proj", linear(o.hidden_size, o.num_kv_heads * head_dim_));
-  v_proj = register_module("v_proj", linear(o.hidden_size, o.num_kv_heads * head_dim_));
-  o_proj = register_module("o_proj", linear(o.num_heads * head_dim_, o.hidden_size));
+    : num_heads_(o.num_heads), num_kv_heads_(o.num_kv_heads), head_dim_(o.head_size()) {
+  const bool qkv_bias = o.attention_bias || o.qkv_bias;
+  q_proj = register_module("q_proj", linear(o.hidden_size, o.num_heads * head_dim_, qkv_bias));
+  k_proj = register_module("k_proj", linear(o.hidden_size, o.num_kv_heads * head_dim_, qkv_bias));
+  v_proj = register_module("v_proj", linear(o.hidden_size, o.num_kv_heads * head_dim_, qkv_bias));
+  o_proj = register_module("o_proj", linear(o.num_heads * head_dim_, o.hidden_size, o.attention_bias));
+  if (o.qk_norm) {
+    q_norm = register_module("q_norm", RMSNorm(head_dim_, o.rms_norm_eps));
+    k_norm = register_module("k_norm", RMSNorm(head_dim_, o.rms_norm_eps));
+  }
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                                      const torch::Tensor& allowed) {
   const int64_t B = x.size(0), T = x.size(1);
-  // RoPE on the projections' own layout [B, T, heads, hd], then heads move to dim 1.
-  auto q = rope(q_proj(x).view({B, T, num_heads_, head_dim_}), cos, sin).transpose(1, 2);     // [B, H, T, hd]
-  auto k = rope(k_proj(x).view({B, T, num_kv_heads_, head_dim_}), cos, sin).transpose(1, 2);  // [B, KV, T, hd]
+  // RoPE on the projections' own layout [B, T, heads, hd], then heads move to dim 1. Qwen3's
+  // q_norm/k_norm normalise each head's hd values first, as HF does.
+  auto q = q_proj(x).view({B, T, num_heads_, head_dim_});     // [B, T, H, hd]
+  auto k = k_proj(x).view({B, T, num_kv_heads_, head_dim_});  // [B, T, KV, hd]
+  if (q_norm) {
+    q = q_norm(q);
+    k = k_norm(k);
+  }
+  q = rope(q, cos, sin).transpose(1, 2);  // [B, H, T, hd]
+  k = rope(k, cos, sin).transpose(1, 2);  // [B, KV, T, hd]
   auto v = v_proj(x).view({B, T, num_kv_heads_, head_dim_}).transpose(1, 2);                  // [B, KV, T, hd]
   auto out = causal_attention(q, k, v, allowed);                               // [B, H, T, hd]
   return o_proj(out.transpose(1, 2).reshape({B, T, num_heads_ * head_dim_}));
 }
 
 MlpImpl::MlpImpl(const LlamaOptions& o) {
-  gate_proj = register_module("gate_proj", linear(o.hidden_size, o.intermediate_size));
-  up_proj = register_module("up_proj", linear(o.hidden_size, o.intermediate_size));
-  down_proj = register_module("down_proj", linear(o.intermediate_size, o.hidden_size));
+  gate_proj = register_module("gate_proj", linear(o.hidden_size, o.intermediate_size, o.mlp_bias));
+  up_proj = register_module("up_proj", linear(o.hidden_size, o.intermediate_size, o.mlp_bias));
+  down_proj = register_module("down_proj", linear(o.intermediate_size, o.hidden_size, o.mlp_bias));
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
@@ -279,7 +326,7 @@ LlamaBackboneImpl::LlamaBackboneImpl(const LlamaOptions& o) {
 LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaOptions& o) : options_(o) {
   options_.validate();
   model = register_module("model", LlamaBackbone(o));
-  if (!o.tie_embeddings) lm_head = register_module("lm_head", linear(o.hidden_size, o.vocab_size));
+  if (!o.tie_embeddings) lm_head = register_module("lm_head", linear(o.hidden_size, o.vocab_size, false));
   reset_parameters();
 }
 
@@ -290,7 +337,9 @@ void LlamaForCausalLMImpl::reset_parameters() {
   for (auto& item : named_parameters()) {
     const std::string& name = item.key();
     auto& p = item.value();
-    if (name.find("norm") != std::string::npos) {
+    if (name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0) {
+      p.zero_();  // biases start at 0, as HF initialises them
+    } else if (name.find("norm") != std::string::npos) {
       p.fill_(1.0);
     } else if (name.find("o_proj") != std::string::npos || name.find("down_proj") != std::string::npos) {
       p.normal_(0.0, residual_std);
@@ -300,20 +349,13 @@ void LlamaForCausalLMImpl::reset_parameters() {
   }
 }
 
-torch::Tensor LlamaForCausalLMImpl::inv_freq() const {
-  const int64_t hd = options_.head_dim();
-  // In float32 from a float32 exponent, as HF does.
-  auto exponent = torch::arange(0, hd, 2, torch::kLong).to(torch::kFloat) / static_cast<float>(hd);
-  return 1.0 / torch::pow(static_cast<float>(options_.rope_theta), exponent);
-}
-
 std::pair<torch::Tensor, torch::Tensor> LlamaForCausalLMImpl::rope_tables(int64_t T,
                                                                           const torch::Device& device) {
   if (!cos_.defined() || cos_.size(0) < T || cos_.device() != device) {
     const int64_t n = std::max<int64_t>(T, std::min<int64_t>(options_.max_seq_len, 4096));
     auto f64 = torch::TensorOptions().dtype(torch::kDouble);
     auto t = torch::arange(n, f64).to(torch::kFloat);
-    auto freqs = torch::outer(t, inv_freq());         // [n, hd/2]
+    auto freqs = torch::outer(t, rope_inv_freq(options_));  // [n, hd/2]
     auto emb = torch::cat({freqs, freqs}, -1);        // [n, hd]
     cos_ = emb.cos().to(device);
     sin_ = emb.sin().to(device);
@@ -323,7 +365,7 @@ std::pair<torch::Tensor, torch::Tensor> LlamaForCausalLMImpl::rope_tables(int64_
 
 std::pair<torch::Tensor, torch::Tensor> LlamaForCausalLMImpl::rope_at(const torch::Tensor& positions) {
   if (!inv_freq_.defined() || inv_freq_.device() != positions.device())
-    inv_freq_ = inv_freq().to(positions.device());
+    inv_freq_ = rope_inv_freq(options_).to(positions.device());
   // The products position x inv_freq in float32, as the cached table forms them.
   auto freqs = positions.to(torch::kFloat).unsqueeze(-1) * inv_freq_;  // [B, T, hd/2]
   auto emb = torch::cat({freqs, freqs}, -1);                           // [B, T, hd]
@@ -342,6 +384,13 @@ torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& input_ids, cons
     throw bad_input("data.seq_len", "sequence length " + std::to_string(T) +
                                         " exceeds model.max_seq_len " +
                                         std::to_string(options_.max_seq_len));
+  // Within the window every key a causal query sees is inside it (HF masks key j for query
+  // i when i - j >= window), so the plain causal attention below is exact; beyond it is not.
+  if (options_.sliding_window > 0 && T > options_.sliding_window)
+    throw bad_input("data.seq_len", "sequence length " + std::to_string(T) + " exceeds model.sliding_window " +
+                                        std::to_string(options_.sliding_window) +
+                                        ": sliding-window attention is not implemented, so sequences must fit the "
+                                        "window (docs/models.md)");
   auto check_like_ids = [&](const char* name, const torch::Tensor& t) {
     if (!t.defined()) return;
     if (t.sizes() == input_ids.sizes() && t.scalar_type() == torch::kLong && t.device() == input_ids.device()) return;

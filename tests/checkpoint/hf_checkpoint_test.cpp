@@ -1,5 +1,5 @@
 // HF directories: save/load round trip, and the errors for mismatched or missing tensors
-// and bad config.json files.
+// and bad config.json files (the families and key policy: hf_config_test.cpp).
 #include "gradguard/checkpoint/hf_checkpoint.h"
 
 #include <gmock/gmock.h>
@@ -126,8 +126,9 @@ TEST(HfCheckpoint, BadConfigJson) {
   expect_bad([&] { read_hf_config(dir.file("nonexistent"), {}); }, "config.json");
 }
 
-TEST(HfCheckpoint, KeysThatWouldChangeTheModelAreRefusedNotIgnored) {
-  // A valid config (head size 16 = 64 / 4) with one key changed at a time.
+TEST(HfCheckpoint, ArchitectureKeysAreHonouredOrRefusedNeverIgnored) {
+  // A valid config (head size 16 = 64 / 4) with one key changed at a time; the families
+  // and the whole key policy are tested in hf_config_test.cpp.
   const nlohmann::json base = {{"hidden_size", 64}, {"intermediate_size", 128}, {"num_hidden_layers", 1},
                                {"num_attention_heads", 4}, {"vocab_size", 10}};
   test::TempDir dir;
@@ -137,19 +138,51 @@ TEST(HfCheckpoint, KeysThatWouldChangeTheModelAreRefusedNotIgnored) {
     test::write_text(dir.file("config.json"), cfg.dump());
   };
   with("head_dim", 16);
-  EXPECT_NO_THROW(read_hf_config(dir.path(), {}));
-  with("head_dim", 32);
-  expect_bad([&] { read_hf_config(dir.path(), {}); }, "head_dim 32 is not hidden_size / num_attention_heads (64 / 4)");
+  EXPECT_EQ(read_hf_config(dir.path(), {}).head_size(), 16);
+  with("head_dim", 32);  // q_proj: 64 -> 4 x 32
+  EXPECT_EQ(read_hf_config(dir.path(), {}).head_size(), 32);
+  with("head_dim", 15);
+  expect_bad([&] { read_hf_config(dir.path(), {}); }, "model.head_dim");
   with("attention_bias", true);
-  expect_bad([&] { read_hf_config(dir.path(), {}); }, "attention_bias true is not supported");
+  EXPECT_TRUE(read_hf_config(dir.path(), {}).attention_bias);
   with("attention_bias", false);
-  EXPECT_NO_THROW(read_hf_config(dir.path(), {}));
+  EXPECT_FALSE(read_hf_config(dir.path(), {}).attention_bias);
   with("mlp_bias", true);
-  expect_bad([&] { read_hf_config(dir.path(), {}); }, "mlp_bias true is not supported");
+  EXPECT_TRUE(read_hf_config(dir.path(), {}).mlp_bias);
   with("mlp_bias", "yes");
   expect_bad([&] { read_hf_config(dir.path(), {}); }, "'mlp_bias' must be true or false");
   with("rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}});
-  expect_bad([&] { read_hf_config(dir.path(), {}); }, "rope_scaling an object of 2 keys is not supported");
+  expect_bad([&] { read_hf_config(dir.path(), {}); }, "key 'rope_scaling' of rope_type \"llama3\" has no low_freq_factor");
+  with("rope_scaling", {{"rope_type", "yarn"}, {"factor", 8.0}});
+  expect_bad([&] { read_hf_config(dir.path(), {}); }, "rope_type \"yarn\", which is not supported");
+  with("sliding_window", 64);
+  expect_bad([&] { read_hf_config(dir.path(), {}); }, "key 'sliding_window'");
+  with("some_new_switch", 1);
+  expect_bad([&] { read_hf_config(dir.path(), {}); }, "key 'some_new_switch' is not one gradguard reads");
+}
+
+// A model with biases, an explicit head_dim and llama3 rope survives save + load.
+TEST(HfCheckpoint, RoundTripOfTheArchitectureSwitches) {
+  test::TempDir dir;
+  auto o = small();
+  o.head_dim = 16, o.attention_bias = true, o.mlp_bias = true;
+  o.rope_scaling = model::RopeScaling::kLlama3, o.rope_scaling_original_max_seq_len = 64;
+  torch::manual_seed(4);
+  model::LlamaForCausalLM a(o);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : a->parameters()) p.normal_(0.0, 0.1);
+  }
+  save_hf_model(dir.path(), *a);
+  auto back = read_hf_config(dir.path(), model::LlamaOptions{});
+  EXPECT_EQ(back.head_dim, 16);
+  EXPECT_TRUE(back.attention_bias && back.mlp_bias);
+  EXPECT_EQ(back.rope_scaling, model::RopeScaling::kLlama3);
+  EXPECT_EQ(back.rope_scaling_original_max_seq_len, 64);
+  model::LlamaForCausalLM b(back);
+  load_hf_weights(dir.path(), *b);
+  auto x = torch::randint(0, 256, {2, 5}, torch::kLong);
+  EXPECT_TRUE(torch::equal(a->forward(x), b->forward(x)));
 }
 
 }  // namespace

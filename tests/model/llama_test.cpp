@@ -1,5 +1,7 @@
 // The Llama model against tests/golden/llama_reference.py (a plain PyTorch
-// implementation of HF's Llama): logits to 1e-5, the loss, and every parameter's
+// implementation of HF's Llama) and, for the other families, its extension in
+// tests/golden/make_family_golden.py (explicit head_dim, q/k/v/o and MLP biases, Llama
+// 3.1 rope scaling; Qwen2; Qwen3): logits to 1e-5, the loss, and every parameter's
 // gradient norm, loaded from the HF-style golden directories.
 #include "gradguard/model/llama.h"
 
@@ -48,7 +50,9 @@ TEST_P(LlamaGolden, ForwardAndGradientsMatchReference) {
   EXPECT_EQ(seen.size(), g["grad_norms"].size());  // same parameter set, HF names
 }
 
-INSTANTIATE_TEST_SUITE_P(Golden, LlamaGolden, ::testing::Values("llama_tiny", "llama_tiny_tied"));
+INSTANTIATE_TEST_SUITE_P(Golden, LlamaGolden,
+                         ::testing::Values("llama_tiny", "llama_tiny_tied", "llama3_bias_tiny", "qwen2_tiny",
+                                           "qwen3_tiny"));
 
 TEST(Llama, ParameterNamesAreHuggingFace) {
   LlamaOptions o;
@@ -68,7 +72,7 @@ TEST(Llama, ParameterNamesAreHuggingFace) {
   expected.push_back("lm_head.weight");
   EXPECT_EQ(names, expected);
   EXPECT_EQ(model->named_parameters()["model.layers.0.self_attn.k_proj.weight"].sizes(),
-            (std::vector<int64_t>{o.num_kv_heads * o.head_dim(), o.hidden_size}));
+            (std::vector<int64_t>{o.num_kv_heads * o.head_size(), o.hidden_size}));
 }
 
 TEST(Llama, ScaledNormalInit) {

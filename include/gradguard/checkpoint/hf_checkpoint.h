@@ -1,6 +1,7 @@
-// Hugging Face style model directories: config.json (LlamaConfig keys) plus
-// model.safetensors with HF Llama tensor names. gradguard writes its model checkpoints
-// this way and reads them back (or a real HF Llama directory) for `model.init_from`.
+// Hugging Face style model directories: config.json plus model.safetensors (or shards)
+// with HF tensor names. gradguard writes its model checkpoints this way and reads them
+// back (or a real HF Llama, Mistral, Qwen2 or Qwen3 directory: docs/models.md) for
+// `model.init_from`. The config.json mapping itself is checkpoint/hf_config.h.
 #pragma once
 
 #include <string>
@@ -9,17 +10,29 @@
 
 namespace gradguard::checkpoint {
 
-// Writes <dir>/config.json and <dir>/model.safetensors (float32 or the parameters' dtype),
-// each atomically. Creates `dir`. With max_shard_bytes > 0 and a model larger than that,
-// writes shards model-00001-of-0000N.safetensors (whole tensors, in parameter order, each
+// The files of an HF model directory besides config.json and the weights: tokenizer
+// and generation settings, copied unchanged by save_hf_model.
+inline constexpr const char* kHfSideFiles[] = {
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+    "generation_config.json", "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja",
+    "chat_template.json"};
+
+// Writes <dir>/config.json and <dir>/model.safetensors (the parameters' dtype), each
+// atomically. Creates `dir`. When the model came from an HF directory
+// (options().init_from), config.json keeps every key of that directory's config.json,
+// updated where the model's own values decide (sizes, rope, biases, dtype, family), and
+// the side files present there (kHfSideFiles) are copied, so the result is a complete
+// HF model directory. With max_shard_bytes > 0 and a model larger than that, writes
+// shards model-00001-of-0000N.safetensors (whole tensors, in parameter order, each
 // shard at most max_shard_bytes unless one tensor alone is larger) and the
 // model.safetensors.index.json that Hugging Face writes ({"metadata": {"total_size"},
 // "weight_map": {tensor: shard file}}).
 void save_hf_model(const std::string& dir, model::LlamaForCausalLMImpl& model, int64_t max_shard_bytes = 0);
 
-// Reads <dir>/config.json into model options (architecture keys only; the rest of
-// `base` is kept). Throws gradguard::Error (bad input) naming config.json and the key
-// when a key is missing, has the wrong type or describes an unsupported model.
+// Reads <dir>/config.json into model options: the architecture keys (hf_config.h), and
+// init_from = dir (the options describe the model stored there); the rest of `base` is
+// kept. Throws gradguard::Error (bad input) naming config.json and the key when a key is
+// missing, has the wrong type, describes an unsupported model or is unknown.
 model::LlamaOptions read_hf_config(const std::string& dir, const model::LlamaOptions& base);
 
 // Copies the tensors of <dir>/model.safetensors, or of the shards listed by

@@ -9,6 +9,13 @@
 // use HF's rotate-half convention; grouped-query attention shares each K/V head among
 // num_heads / num_kv_heads query heads without materialising repeated K/V.
 //
+// The options also describe the Llama-shaped families that differ only in switches
+// (docs/models.md): an explicit head_dim (q_proj out = num_heads x head_dim), projection
+// biases (attention_bias: q/k/v/o as HF Llama; qkv_bias: q/k/v only, as Qwen2), MLP biases
+// (mlp_bias), per-head RMSNorm of q and k before RoPE (qk_norm, Qwen3) and Llama 3.1's
+// rotary frequency scaling (rope_scaling = llama3; model/rope.h). Every combination the
+// options accept is one that some Hugging Face family expresses, so any model exports.
+//
 // Activation checkpointing (LlamaOptions::activation_checkpointing) trades compute for
 // memory: in training with grad mode on, each decoder layer keeps only its input for
 // backward and recomputes its internal activations there (one extra layer forward per
@@ -21,6 +28,7 @@
 // call and shared by all layers (and carried through activation checkpointing).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 
@@ -29,7 +37,18 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
+#include "gradguard/core/choice.h"
+
 namespace gradguard::model {
+
+// Rotary frequency scaling (HF config.json rope_scaling, its rope_type).
+enum class RopeScaling {
+  kNone,    // plain RoPE: inv_freq = theta^(-2i / head_dim)
+  kLlama3,  // Llama 3.1: long wavelengths divided by rope_scaling_factor, a blend in between
+};
+constexpr std::array<Choice<RopeScaling>, 2> choices(RopeScaling) {
+  return {{{RopeScaling::kNone, "none"}, {RopeScaling::kLlama3, "llama3"}}};
+}
 
 struct LlamaOptions {
   int64_t vocab_size = 256;
@@ -45,8 +64,20 @@ struct LlamaOptions {
   double init_std = 0.02;
   std::string init_from;
   bool activation_checkpointing = false;
+  int64_t head_dim = 0;         // per-head width; 0 = hidden_size / num_heads
+  bool attention_bias = false;  // biases on q/k/v/o_proj (HF attention_bias)
+  bool qkv_bias = false;        // biases on q/k/v_proj only (Qwen2)
+  bool mlp_bias = false;        // biases on gate/up/down_proj (HF mlp_bias)
+  bool qk_norm = false;         // RMSNorm over each head of q and k before RoPE (Qwen3)
+  RopeScaling rope_scaling = RopeScaling::kNone;
+  double rope_scaling_factor = 8.0;                  // llama3: divisor of the low frequencies; >= 1
+  double rope_scaling_low_freq_factor = 1.0;         // llama3: wavelengths > original / this are divided
+  double rope_scaling_high_freq_factor = 4.0;        // llama3: wavelengths < original / this are kept
+  int64_t rope_scaling_original_max_seq_len = 8192;  // llama3: the context first trained at (tokens)
+  int64_t sliding_window = 0;  // Mistral's attention window (tokens); 0 = none; longer sequences refused
 
-  int64_t head_dim() const { return hidden_size / num_heads; }
+  // The per-head width in use: head_dim, or hidden_size / num_heads when head_dim is 0.
+  int64_t head_size() const { return head_dim > 0 ? head_dim : hidden_size / num_heads; }
   // Throws gradguard::Error (bad input) naming the key, e.g. "model.num_kv_heads".
   void validate() const;
 
@@ -62,6 +93,24 @@ struct LlamaOptions {
     field("rope_theta", rope_theta, "rotary embedding base; finite, > 0");
     field("rms_norm_eps", rms_norm_eps, "RMSNorm epsilon; finite, > 0");
     field("tie_embeddings", tie_embeddings, "lm_head shares the embedding matrix");
+    field("head_dim", head_dim,
+          "per-head width (HF head_dim): q_proj has num_heads x head_dim outputs; even; 0 = hidden_size / num_heads");
+    field("attention_bias", attention_bias, "biases on q_proj, k_proj, v_proj and o_proj (HF attention_bias)");
+    field("qkv_bias", qkv_bias, "biases on q_proj, k_proj and v_proj only (Qwen2); not with mlp_bias or qk_norm");
+    field("mlp_bias", mlp_bias, "biases on gate_proj, up_proj and down_proj (HF mlp_bias); not with qk_norm");
+    field("qk_norm", qk_norm, "RMSNorm over each head of q and k before the rotary embedding (Qwen3)");
+    field("rope_scaling", rope_scaling,
+          "rotary frequency scaling: none, or llama3 (Llama 3.1: long wavelengths divided by rope_scaling_factor)");
+    field("rope_scaling_factor", rope_scaling_factor, "llama3: divisor of the low frequencies; >= 1");
+    field("rope_scaling_low_freq_factor", rope_scaling_low_freq_factor,
+          "llama3: wavelengths above original / this are divided by the factor; > 0");
+    field("rope_scaling_high_freq_factor", rope_scaling_high_freq_factor,
+          "llama3: wavelengths below original / this are kept, those between blended; > low_freq_factor");
+    field("rope_scaling_original_max_seq_len", rope_scaling_original_max_seq_len,
+          "llama3: the context length first trained at (HF original_max_position_embeddings); >= 1");
+    field("sliding_window", sliding_window,
+          "Mistral's attention window (HF sliding_window); sequences up to it are plain causal attention, longer "
+          "ones are refused; 0 = none");
     field("init_std", init_std, "N(0, std) initialisation; residual projections get std / sqrt(2 x num_layers); > 0");
     field("init_from", init_from,
           "HF directory (config.json + model.safetensors) to start from; its architecture wins; \"\" = random init");
@@ -90,6 +139,7 @@ class AttentionImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& allowed = {});
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  RMSNorm q_norm{nullptr}, k_norm{nullptr};  // [head_dim] each; only with qk_norm
 
  private:
   int64_t num_heads_, num_kv_heads_, head_dim_;
@@ -169,8 +219,6 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // Rotary tables for explicit positions [B, T] -> cos, sin [B, T, head_dim], computed per
   // call (as HF does from position_ids) with the same float32 products as the cached table.
   std::pair<torch::Tensor, torch::Tensor> rope_at(const torch::Tensor& positions);
-  // inv_freq [head_dim / 2] float32, as HF computes it.
-  torch::Tensor inv_freq() const;
 
   LlamaOptions options_;
   torch::Tensor cos_, sin_;  // [cached T, head_dim]
