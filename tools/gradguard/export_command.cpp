@@ -1,7 +1,8 @@
 // `gradguard export SOURCE --out DIR`: writes an HF-style directory (config.json +
 // model.safetensors) from a checkpoint directory or from a run directory (its newest
 // checkpoint that verifies). The tensors are loaded and validated against the config,
-// then written anew, so the export is known to load.
+// then written anew and read back: every tensor of the written directory must equal the
+// model's bit for bit before the command reports success.
 #include <cstdio>
 #include <filesystem>
 
@@ -39,8 +40,21 @@ void add_export_command(CLI::App& app, Action& action) {
       model::LlamaForCausalLM model(options);
       checkpoint::load_hf_weights(dir, *model);
       checkpoint::save_hf_model(*out, *model);
-      std::printf("exported %s -> %s (%lld parameters)\n", dir.c_str(), out->c_str(),
-                  (long long)model::count_parameters(*model));
+      // Read the written directory back as a user's init_from would and compare every
+      // tensor bit for bit, so an export that would not reload exactly never reports success.
+      auto reread = checkpoint::read_hf_config(*out, model::LlamaOptions{});
+      model::LlamaForCausalLM copy(reread);
+      checkpoint::load_hf_weights(*out, *copy);
+      const auto written = model->named_parameters();
+      const auto loaded = copy->named_parameters();
+      for (const auto& item : written) {
+        const auto* other = loaded.find(item.key());
+        if (other == nullptr || other->scalar_type() != item.value().scalar_type() ||
+            !other->sizes().equals(item.value().sizes()) || !torch::equal(*other, item.value()))
+          throw runtime_error(*out, "tensor '" + item.key() + "' does not read back bit-identically after export");
+      }
+      std::printf("exported %s -> %s (%lld parameters; reloaded bit-identically, %zu tensors)\n", dir.c_str(),
+                  out->c_str(), (long long)model::count_parameters(*model), written.size());
       return 0;
     };
   });
