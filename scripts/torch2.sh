@@ -30,6 +30,9 @@
 #
 # Usage: scripts/torch2.sh [ctest arguments...]     e.g. scripts/torch2.sh -R Attention
 #        scripts/torch2.sh --cuda [build targets...]  (default: as above; "all" for everything)
+#        scripts/torch2.sh [--cuda] --chroot-only     make (or check) the chroot and stop:
+#          .ci/run does this in the background while the host builds, so the downloads and
+#          package installs overlap the compiler instead of adding to the total.
 # Environment: GRADGUARD_TORCH2_ROOT  where the chroot lives
 #              GRADGUARD_TORCH2_MIRROR  Debian mirror (default: debootstrap's own default)
 # Needs root (debootstrap, chroot and mounts), or sudo. Mounts are made in a private
@@ -98,6 +101,11 @@ if [ "${1:-}" = "--cuda" ]; then
   variant=cuda
   shift
 fi
+chroot_only=0
+if [ "${1:-}" = "--chroot-only" ]; then
+  chroot_only=1
+  shift
+fi
 
 suite=trixie
 compilers=(build-essential cmake ninja-build ccache pkg-config)
@@ -124,9 +132,6 @@ stamp="$root/.gradguard-torch2-ready"
 # cut short from partial/. One per chroot: apt-get autoclean there drops the versions the
 # chroot's own sources no longer offer, which would be wrong for another chroot's files.
 debs="$(dirname "$root")/apt-archives-$(basename "$root")"
-
-[ -f node_modules/uplot/dist/uPlot.iife.min.js ] ||
-  fail "node_modules/ is missing: run scripts/setup.sh (npm ci) on the host first"
 
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$stamp_text" ]; then
   command -v debootstrap >/dev/null 2>&1 ||
@@ -199,6 +204,13 @@ CONTROL
 else
   step "reusing the $suite chroot in $root"
 fi
+if [ "$chroot_only" = 1 ]; then
+  step "the $suite chroot ($variant) is ready in $root"
+  exit 0
+fi
+
+[ -f node_modules/uplot/dist/uPlot.iife.min.js ] ||
+  fail "node_modules/ is missing: run scripts/setup.sh (npm ci) on the host first"
 
 if [ "$variant" = cpu ]; then
   step "building against LibTorch 2.x into build-torch2/ and running the tests"
