@@ -45,6 +45,36 @@ void fused_update(Bucket& b, int64_t step, const torch::optim::AdamWOptions& o) 
                        std::get<1>(o.betas()), o.weight_decay(), o.eps());
 }
 
+// Adam-atan2 and/or update clipping (adamw.h), one tensor at a time. The per-tensor
+// learning rate of update clipping stays a 0-dim tensor on the device: no host read.
+void variant_update(Bucket& b, int64_t step, const torch::optim::AdamWOptions& o, AdamWRule rule, bool clip) {
+  const double lr = o.lr(), beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
+  const double wd = o.weight_decay(), eps = o.eps();
+  const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(step));
+  const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(step));
+  for (size_t i = 0; i < b.params.size(); ++i) {
+    auto& p = b.params[i];
+    const auto& g = b.grads[i];
+    auto& m = b.exp_avgs[i];
+    auto& v = b.exp_avg_sqs[i];
+    m.mul_(beta1).add_(g, 1 - beta1);
+    v.mul_(beta2).addcmul_(g, g, 1 - beta2);
+    const auto v_hat = v / bias_correction2;
+    const auto m_hat = m / bias_correction1;
+    const auto direction = rule == AdamWRule::kAtan2 ? at::atan2(m_hat, v_hat.sqrt() * kAtan2B) * kAtan2A
+                                                     : m_hat / (v_hat.sqrt() + eps);
+    if (clip) {
+      const auto rms = (g * g / v_hat.clamp_min(eps * eps)).mean().sqrt();
+      const auto tensor_lr = lr / rms.clamp_min(1.0);  // 0-dim, on p's device
+      if (wd != 0) p.mul_(1 - tensor_lr * wd);
+      p.sub_(direction * tensor_lr);
+    } else {
+      if (wd != 0) p.mul_(1 - lr * wd);
+      p.add_(direction, -lr);
+    }
+  }
+}
+
 }  // namespace
 
 AdamWKernel resolve_adamw_kernel(AdamWImplementation implementation, const c10::Device& device) {
@@ -70,12 +100,20 @@ const char* to_string(AdamWKernel kernel) {
 }
 
 GroupAdamW::GroupAdamW(std::vector<torch::optim::OptimizerParamGroup> groups, torch::optim::AdamWOptions defaults,
-                       AdamWKernel kernel)
-    : torch::optim::AdamW(std::move(groups), defaults), kernel_(kernel) {
+                       AdamWKernel kernel, AdamWRule rule, bool update_clipping)
+    : torch::optim::AdamW(std::move(groups), defaults),
+      kernel_(kernel),
+      rule_(rule),
+      update_clipping_(update_clipping) {
   TORCH_CHECK(!defaults.amsgrad(), "GroupAdamW does not implement amsgrad");
+  if ((rule_ != AdamWRule::kAdam || update_clipping_) && kernel_ != AdamWKernel::foreach)
+    throw bad_input("optim.implementation", std::string("'") + to_string(kernel_) + "' has no kernel for " +
+                                                (rule_ == AdamWRule::kAtan2 ? "adam_atan2" : "optim.update_clipping") +
+                                                "; use auto or foreach");
 }
 
 torch::Tensor GroupAdamW::step(LossClosure closure) {
+  const bool variant = rule_ != AdamWRule::kAdam || update_clipping_;
   if (kernel_ == AdamWKernel::loop) return torch::optim::AdamW::step(std::move(closure));
   torch::NoGradGuard no_grad;
   torch::Tensor loss;
@@ -115,7 +153,9 @@ torch::Tensor GroupAdamW::step(LossClosure closure) {
       for (auto* st : b.states) st->step(step);
       // The fused kernel needs every tensor of the bucket on one device of a kind it
       // supports; a bucket elsewhere (e.g. a CPU tensor in a CUDA run) takes foreach.
-      if (kernel_ == AdamWKernel::fused && compat::fused_adamw_available(b.params[0].device().type()))
+      if (variant)
+        variant_update(b, step, options, rule_, update_clipping_);
+      else if (kernel_ == AdamWKernel::fused && compat::fused_adamw_available(b.params[0].device().type()))
         fused_update(b, step, options);
       else
         foreach_update(b, step, options);

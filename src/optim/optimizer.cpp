@@ -1,5 +1,6 @@
 // The optimizer factory. AdamW is GroupAdamW (adamw.h): torch::optim::AdamW's update,
-// which matches torch.optim.AdamW (tests/golden/adamw.json), one group at a time; LAMB and LARS are gradguard's own
+// which matches torch.optim.AdamW (tests/golden/adamw.json), one group at a time, or its
+// adam_atan2 / update-clipping variants; LAMB and LARS are gradguard's own
 // (lamb.h, lars.h). All get the same two groups: matrices and embeddings decay and are
 // layer-adaptive, norm weights and biases neither.
 #include "gradguard/optim/optimizer.h"
@@ -36,6 +37,10 @@ void OptimOptions::validate() const {
   if (base_batch < 0) throw bad_input("optim.base_batch", "must be >= 0, got " + std::to_string(base_batch));
   if (!(trust_coefficient > 0) || !std::isfinite(trust_coefficient))
     throw bad_input("optim.trust_coefficient", "must be a finite number > 0, got " + std::to_string(trust_coefficient));
+  if (update_clipping && name != OptimizerKind::kAdamW && name != OptimizerKind::kAdamAtan2)
+    throw bad_input("optim.update_clipping", std::string("applies to adamw and adam_atan2, not to ") +
+                                                 (name == OptimizerKind::kLamb ? "lamb" : "lars") +
+                                                 " (their trust ratio already bounds each tensor's step)");
 }
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const NamedParameters& params,
@@ -49,11 +54,17 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const NamedParameters& p
     groups.emplace_back(decay, std::make_unique<Options>(with(Options(base), options.weight_decay, true)));
     groups.emplace_back(no_decay, std::make_unique<Options>(with(Options(base), 0.0, false)));
   };
-  if (options.name == OptimizerKind::kAdamW) {
+  if (options.name == OptimizerKind::kAdamW || options.name == OptimizerKind::kAdamAtan2) {
     auto base = torch::optim::AdamWOptions(options.lr).betas({options.betas[0], options.betas[1]}).eps(options.eps);
     add_groups(base, [](torch::optim::AdamWOptions o, double wd, bool) { return o.weight_decay(wd); });
     const auto device = params.empty() ? c10::Device(c10::kCPU) : params.front().second.device();
-    return std::make_unique<GroupAdamW>(std::move(groups), base, resolve_adamw_kernel(options.implementation, device));
+    const auto rule = options.name == OptimizerKind::kAdamAtan2 ? AdamWRule::kAtan2 : AdamWRule::kAdam;
+    // The variants run foreach: auto resolves to it, an explicit fused or loop is refused.
+    const bool variant = rule != AdamWRule::kAdam || options.update_clipping;
+    const auto kernel = variant && options.implementation == AdamWImplementation::kAuto
+                            ? AdamWKernel::foreach
+                            : resolve_adamw_kernel(options.implementation, device);
+    return std::make_unique<GroupAdamW>(std::move(groups), base, kernel, rule, options.update_clipping);
   }
   if (options.name == OptimizerKind::kLamb) {
     auto base = LambOptions(options.lr)

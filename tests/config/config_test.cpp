@@ -205,7 +205,8 @@ TEST(Config, EveryChoiceValueIsDocumented) {
   }
   // The keys the reference texts once got wrong.
   for (const auto& k : keys) {
-    if (k.key == "optim.name") EXPECT_EQ(k.names, (std::vector<std::string>{"adamw", "lamb", "lars"}));
+    if (k.key == "optim.name")
+      EXPECT_EQ(k.names, (std::vector<std::string>{"adamw", "lamb", "lars", "adam_atan2"}));
     if (k.key == "schedule.decay") EXPECT_EQ(k.names, (std::vector<std::string>{"cosine", "linear", "constant", "wsd"}));
   }
 }

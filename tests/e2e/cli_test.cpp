@@ -189,6 +189,7 @@ TEST_F(Cli, StuckAtMinimumScaleHaltsWithExitThree) {
 TEST_F(Cli, EveryOptimizerAndStrategyTrains) {
   for (const char* args : {"--set optim.name=lamb --set optim.lr=1e-2 --set clip.strategy=agc --name lamb",
                            "--set optim.name=lars --set optim.lr=1 --set clip.strategy=layerwise --name lars",
+                           "--set optim.name=adam_atan2 --set optim.update_clipping=true --name atan2",
                            "--set clip.strategy=history --set schedule.decay=wsd --name hist",
                            "--set optim.lr_scaling=sqrt --set optim.base_batch=2 --name scaled"}) {
     auto r = run_cli(train_args(args), dir_.path());

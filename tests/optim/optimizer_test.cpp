@@ -54,7 +54,8 @@ TEST(AdamW, RejectsBadOptions) {
     FAIL() << "optim.name";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kBadInput);
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("optim.name: 'sgdd' is not valid (valid: adamw, lamb, lars)"));
+    EXPECT_THAT(e.what(),
+                ::testing::HasSubstr("optim.name: 'sgdd' is not valid (valid: adamw, lamb, lars, adam_atan2)"));
   }
 }
 

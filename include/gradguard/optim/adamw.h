@@ -9,6 +9,21 @@
 // The state is LibTorch's AdamWParamState, so checkpoints, optim::moments_of() and
 // optim::reset_moments() work unchanged; a parameter whose state was reset restarts its
 // own bias correction (tensors are grouped by step count). amsgrad is not supported.
+//
+// Two stabilising variants share that state and run per tensor on the device (no host
+// read), with m-hat = m / (1 - beta1^t) and v-hat = v / (1 - beta2^t) after the moments
+// took the current gradient g:
+//   AdamWRule::kAtan2  Adam-atan2 (Everett et al. 2024, arXiv 2407.05872):
+//                      p -= lr * (a * atan2(m-hat, b * sqrt(v-hat))) with a = 1.27, b = 1,
+//                      no epsilon: the update is unchanged when every gradient is scaled
+//                      by the same c > 0.
+//   update_clipping    StableAdamW's update clipping (Wortsman et al. 2023, arXiv
+//                      2304.13013, Algorithm 2): each tensor's learning rate, for the
+//                      update and the weight decay, is lr / max(1, RMS) with
+//                      RMS = sqrt(mean(g^2 / max(v-hat, eps^2))): a gradient far above what
+//                      its second moment expects (a spike) moves the tensor no more than
+//                      a typical one. At step 1 v-hat = g^2, so RMS = 1 and nothing changes.
+// Decoupled weight decay as AdamW's: p *= 1 - lr * weight_decay, before the update.
 #pragma once
 
 #include <string>
@@ -21,6 +36,11 @@
 namespace gradguard::optim {
 
 enum class AdamWKernel { fused, foreach, loop };
+enum class AdamWRule { kAdam, kAtan2 };
+
+// Adam-atan2's constants (the paper's a and b).
+inline constexpr double kAtan2A = 1.27;
+inline constexpr double kAtan2B = 1.0;
 
 // auto -> fused where the LibTorch in use has the kernel for `device`, else foreach;
 // fused where it has none throws gradguard::Error naming optim.implementation.
@@ -29,13 +49,20 @@ const char* to_string(AdamWKernel kernel);
 
 class GroupAdamW : public torch::optim::AdamW {
  public:
+  // The variants (rule kAtan2 or update_clipping) have no fused kernel and are not
+  // LibTorch's loop: they take `kernel` foreach, and fused or loop is refused here
+  // (gradguard::Error naming optim.implementation).
   GroupAdamW(std::vector<torch::optim::OptimizerParamGroup> groups, torch::optim::AdamWOptions defaults,
-             AdamWKernel kernel);
+             AdamWKernel kernel, AdamWRule rule = AdamWRule::kAdam, bool update_clipping = false);
   torch::Tensor step(LossClosure closure = nullptr) override;
   AdamWKernel kernel() const { return kernel_; }
+  AdamWRule rule() const { return rule_; }
+  bool update_clipping() const { return update_clipping_; }
 
  private:
   AdamWKernel kernel_;
+  AdamWRule rule_;
+  bool update_clipping_;
 };
 
 }  // namespace gradguard::optim

@@ -1,6 +1,7 @@
 // Optimizer construction. AdamW follows PyTorch exactly (decoupled weight decay, bias
 // correction) with two parameter groups: weight decay on tensors with dim >= 2
-// (matrices, embeddings), none on norms and biases.
+// (matrices, embeddings), none on norms and biases. adam_atan2 and update clipping are
+// AdamW variants with the same state (optim/adamw.h).
 #pragma once
 
 #include <array>
@@ -20,9 +21,12 @@ class Optimizer;
 
 namespace gradguard::optim {
 
-enum class OptimizerKind { kAdamW, kLamb, kLars };
-constexpr std::array<Choice<OptimizerKind>, 3> choices(OptimizerKind) {
-  return {{{OptimizerKind::kAdamW, "adamw"}, {OptimizerKind::kLamb, "lamb"}, {OptimizerKind::kLars, "lars"}}};
+enum class OptimizerKind { kAdamW, kLamb, kLars, kAdamAtan2 };
+constexpr std::array<Choice<OptimizerKind>, 4> choices(OptimizerKind) {
+  return {{{OptimizerKind::kAdamW, "adamw"},
+           {OptimizerKind::kLamb, "lamb"},
+           {OptimizerKind::kLars, "lars"},
+           {OptimizerKind::kAdamAtan2, "adam_atan2"}}};
 }
 
 // Which AdamW kernel (optim/adamw.h); auto is resolved once the device is known.
@@ -44,6 +48,7 @@ struct OptimOptions {
   double momentum = 0.9;
   double trust_coefficient = 0.001;
   AdamWImplementation implementation = AdamWImplementation::kAuto;
+  bool update_clipping = false;
   LrScaling lr_scaling = LrScaling::kNone;
   int64_t base_batch = 0;
   void validate() const;  // throws gradguard::Error naming optim.<key>
@@ -52,7 +57,8 @@ struct OptimOptions {
   void fields(Field&& field) {
     field("name", name,
           "adamw (PyTorch's AdamW) | lamb (layer-wise trust ratio, You et al. 2019) | lars (momentum SGD with a "
-          "layer-wise rate, You et al. 2017)");
+          "layer-wise rate, You et al. 2017) | adam_atan2 (AdamW with atan2 in place of the division by "
+          "sqrt(v) + eps: no eps, gradient-scale invariant; Everett et al. 2024)");
     field("lr", lr, "peak learning rate at batch base_batch; finite, > 0");
     field("betas", betas, "[beta1, beta2] of AdamW and LAMB, each in [0, 1)");
     field("eps", eps, "epsilon of AdamW and LAMB (large-batch fine-tuning often wants 1e-6); finite, > 0");
@@ -60,7 +66,11 @@ struct OptimOptions {
           "decay of dim >= 2 tensors (decoupled for AdamW and LAMB, L2 for LARS); norms and biases never decay; "
           "0 disables");
     field("implementation", implementation,
-          "adamw kernel: auto (fused where LibTorch has it, else foreach) | fused | foreach | loop (LibTorch's own)");
+          "adamw kernel: auto (fused where LibTorch has it, else foreach) | fused | foreach | loop (LibTorch's own); "
+          "adam_atan2 and update_clipping run foreach only");
+    field("update_clipping", update_clipping,
+          "adamw, adam_atan2: StableAdamW's update clipping (Wortsman et al. 2023): each tensor's lr divided by "
+          "max(1, RMS(g^2 / v-hat)), so a gradient spike moves a tensor no more than a typical step");
     field("max_trust_ratio", max_trust_ratio, "lamb: clamp of the trust ratio ||w|| / ||update||; > 0");
     field("momentum", momentum, "lars: momentum; in [0, 1)");
     field("trust_coefficient", trust_coefficient, "lars: eta of the layer-wise learning rate; > 0");
