@@ -18,10 +18,13 @@ import json
 import os
 import random
 import shutil
-import struct
 import sys
 
 import torch
+
+# The repository's float32 safetensors writer (also behind the golden test models).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "golden"))
+from make_golden import write_safetensors  # noqa: E402
 
 # Qwen3's sizes where they do not cost CPU time (vocabulary, token ids, rope), a tiny body.
 CONFIG = {
@@ -83,23 +86,6 @@ def random_weights(cfg, seed):
         w[p + "input_layernorm.weight"] = torch.ones(d)
         w[p + "post_attention_layernorm.weight"] = torch.ones(d)
     return w
-
-
-def write_safetensors(path, tensors):
-    """The safetensors layout: u64 little-endian header length, JSON header, raw bytes."""
-    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
-    for name in sorted(tensors):
-        data = tensors[name].contiguous().numpy().tobytes()
-        header[name] = {"dtype": "F32", "shape": list(tensors[name].shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as out:
-        out.write(struct.pack("<Q", len(text)))
-        out.write(text)
-        for b in blobs:
-            out.write(b)
 
 
 def brown_sentences(brown_dir):
