@@ -117,11 +117,12 @@ ReplayReport replay_snapshot(const std::string& dir, const ReplayOptions& option
   }
 
   const torch::Device device(options.device == "cpu" ? std::string("cpu") : options.device);
-  auto model = model::LlamaForCausalLM(model_options);
-  checkpoint::load_hf_weights(dir + "/model", *model);
+  auto model = checkpoint::load_hf_model(dir + "/model", cfg.model);  // with its LoRA adapters, if any
   model->to(device);
   model->train();
-  std::vector<torch::Tensor> params = model->parameters();
+  std::vector<torch::Tensor> params;  // the ones that train: all, or the adapters
+  for (const auto& p : model->parameters())
+    if (p.requires_grad()) params.push_back(p);
   auto zero = [&] {
     for (auto& p : params) p.mutable_grad() = torch::Tensor();
   };

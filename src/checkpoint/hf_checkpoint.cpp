@@ -68,7 +68,7 @@ std::string hf_dtype_name(c10::ScalarType t) {
 
 }  // namespace
 
-void save_hf_model(const std::string& dir, model::LlamaForCausalLMImpl& model, int64_t max_shard_bytes) {
+void save_hf_model(const std::string& dir, model::LlamaForCausalLMImpl& model, int64_t max_shard_bytes, bool merged) {
   const auto& o = model.options();
   const std::string& source_dir = o.init_from;
   nlohmann::ordered_json source = nlohmann::ordered_json::object();
@@ -80,10 +80,12 @@ void save_hf_model(const std::string& dir, model::LlamaForCausalLMImpl& model, i
   std::filesystem::create_directories(dir);
   NamedTensors tensors;
   int64_t total = 0;
-  for (const auto& item : model.named_parameters()) {
-    tensors.emplace_back(item.key(), item.value());
-    total += item.value().numel() * item.value().element_size();
+  if (merged) {
+    for (auto& [name, t] : model::merged_weights(model)) tensors.emplace_back(name, t);
+  } else {
+    for (const auto& item : model.named_parameters()) tensors.emplace_back(item.key(), item.value());
   }
+  for (const auto& nt : tensors) total += nt.second.numel() * nt.second.element_size();
   if (max_shard_bytes <= 0 || total <= max_shard_bytes) {
     save_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
   } else {
@@ -113,7 +115,42 @@ void save_hf_model(const std::string& dir, model::LlamaForCausalLMImpl& model, i
       if (fs::exists(from)) fs::write_file_atomic(dir + "/" + name, fs::read_file(from));
     }
   }
+  const std::string lora_path = dir + "/lora.json";
+  if (!merged && model.lora().enabled()) {
+    fs::write_file_atomic(lora_path, model::peft_adapter_config(model.lora(), source_dir).dump(2) + "\n");
+  } else if (fs::exists(lora_path)) {
+    std::filesystem::remove(lora_path);  // a plain model written over a LoRA one
+  }
   fs::write_file_atomic(dir + "/config.json", cfg.dump(2) + "\n");
+}
+
+void save_peft_adapter(const std::string& dir, model::LlamaForCausalLMImpl& model, const std::string& base) {
+  TORCH_INTERNAL_ASSERT(model.lora().enabled(), "save_peft_adapter needs a model with adapters");
+  std::filesystem::create_directories(dir);
+  NamedTensors tensors;
+  for (auto& [name, t] : model::peft_adapter_tensors(model)) tensors.emplace_back(name, t);
+  save_safetensors(dir + "/adapter_model.safetensors", tensors, {{"format", "pt"}});
+  fs::write_file_atomic(dir + "/adapter_config.json", model::peft_adapter_config(model.lora(), base).dump(2) + "\n");
+}
+
+model::LoraOptions read_lora_config(const std::string& dir) {
+  const std::string path = dir + "/lora.json";
+  if (!fs::exists(path)) return model::LoraOptions{};
+  return model::lora_from_peft_config(read_json_file(path), path);
+}
+
+model::LlamaForCausalLM load_hf_model(const std::string& dir, const model::LlamaOptions& base) {
+  model::LlamaForCausalLM model(read_hf_config(dir, base));
+  const auto lora = read_lora_config(dir);
+  if (lora.enabled()) {
+    try {
+      model::add_lora(*model, lora);
+    } catch (const Error& e) {
+      throw bad_input(dir + "/lora.json", std::string("cannot be applied to the model of config.json: ") + e.what());
+    }
+  }
+  load_hf_weights(dir, *model);
+  return model;
 }
 
 model::LlamaOptions read_hf_config(const std::string& dir, const model::LlamaOptions& base) {
@@ -147,6 +184,10 @@ void load_hf_weights(const std::string& dir, model::LlamaForCausalLMImpl& model)
     (void)t;
     bool ignorable = (name == "lm_head.weight" && model.options().tie_embeddings) ||
                      name.find("rotary_emb.inv_freq") != std::string::npos;
+    if (!expected.count(name) && !ignorable && model::is_lora_name(name))
+      throw bad_input(path, "holds the LoRA adapter tensor '" + name + "' and the model being loaded has no adapter "
+                            "there: it is a LoRA checkpoint (see its lora.json); load it with its adapters, or "
+                            "`gradguard export` it to get the merged model");
     if (!expected.count(name) && !ignorable)
       throw bad_input(path, "unexpected tensor '" + name + "' (not a parameter of this model)");
   }

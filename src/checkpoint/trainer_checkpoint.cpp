@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <set>
 
 #include <torch/torch.h>
 
@@ -21,6 +22,9 @@ namespace {
 
 const char* const kFiles[] = {"model.safetensors", "config.json", "optimizer.pt", "trainer_state.json",
                               "config.yaml"};
+// Files only some checkpoints have (a LoRA run's adapter settings): listed and checked
+// when present; one present but not listed is refused, as it cannot be trusted.
+const char* const kOptionalFiles[] = {"lora.json"};
 
 std::string step_name(int64_t step) {
   char buf[32];
@@ -38,8 +42,8 @@ void fsync_path(const std::string& path) {
 nlohmann::json read_json(const std::string& path) { return read_json_file(path); }
 
 // Checks the HF config.json of a checkpoint against the model being resumed.
-void check_architecture(const std::string& dir, const model::LlamaOptions& current) {
-  const std::string difference = architecture_difference(dir, current);
+void check_architecture(const std::string& dir, const model::LlamaOptions& current, const model::LoraOptions& lora) {
+  const std::string difference = architecture_difference(dir, current, lora);
   if (!difference.empty())
     throw bad_input(dir + "/config.json", "the checkpoint has " + difference +
                                               ": the model changed between save and resume");
@@ -47,7 +51,8 @@ void check_architecture(const std::string& dir, const model::LlamaOptions& curre
 
 }  // namespace
 
-std::string architecture_difference(const std::string& dir, const model::LlamaOptions& current) {
+std::string architecture_difference(const std::string& dir, const model::LlamaOptions& current,
+                                    const model::LoraOptions& lora) {
   const auto saved = read_hf_config(dir, current);
   std::string out;
   auto differ = [&](const char* key, auto a, auto b) {
@@ -61,6 +66,26 @@ std::string architecture_difference(const std::string& dir, const model::LlamaOp
   differ("model.num_heads", saved.num_heads, current.num_heads);
   differ("model.num_kv_heads", saved.num_kv_heads, current.num_kv_heads);
   differ("model.tie_embeddings", saved.tie_embeddings, current.tie_embeddings);
+  const auto saved_lora = read_lora_config(dir);
+  differ("lora.rank", saved_lora.rank, lora.rank);
+  if (out.empty() && saved_lora.enabled() && lora.enabled()) {
+    if (saved_lora.alpha != lora.alpha)
+      out = "lora.alpha = " + format_number(saved_lora.alpha) + " but the configuration asks for " +
+            format_number(lora.alpha);
+    auto names = [](const model::LoraOptions& o) {
+      std::set<std::string> n;
+      for (auto t : o.targets) n.insert(name_of(t));
+      return n;
+    };
+    if (out.empty() && names(saved_lora) != names(lora)) {
+      auto list = [](const std::set<std::string>& n) {
+        std::string s;
+        for (const auto& x : n) s += (s.empty() ? "" : ", ") + x;
+        return "[" + s + "]";
+      };
+      out = "lora.targets = " + list(names(saved_lora)) + " but the configuration asks for " + list(names(lora));
+    }
+  }
   return out;
 }
 
@@ -99,11 +124,14 @@ std::string save_checkpoint(const std::string& root, int64_t step, model::LlamaF
     fs::write_file_atomic((tmp / "trainer_state.json").string(), trainer_state.dump(1) + "\n");
     fs::write_file_atomic((tmp / "config.yaml").string(), config_yaml);
     nlohmann::ordered_json manifest = {{"format", "gradguard-checkpoint-1"}, {"step", step}};
-    for (const char* name : kFiles) {
+    auto list = [&](const char* name) {
       uint64_t size = 0;
       const uint32_t crc = crc32c_file((tmp / name).string(), &size);
       manifest["files"][name] = {{"size", size}, {"crc32c", crc}};
-    }
+    };
+    for (const char* name : kFiles) list(name);
+    for (const char* name : kOptionalFiles)
+      if (fs::exists((tmp / name).string())) list(name);
     fs::write_file_atomic((tmp / "manifest.json").string(), manifest.dump(1) + "\n");
     fsync_path(tmp.string());
     stdfs::remove_all(final_dir);
@@ -137,7 +165,13 @@ void verify_checkpoint(const std::string& dir) {
   if (!fs::exists(manifest_path)) throw bad_input(manifest_path, "missing: not a complete checkpoint");
   const auto manifest = read_json(manifest_path);
   const JsonReader files = JsonReader(manifest, manifest_path).object("files");
-  for (const char* name : kFiles) {
+  for (const char* name : kOptionalFiles)
+    if (!files.has(name) && fs::exists(dir + "/" + name))
+      throw bad_input(dir + "/" + name, "is not listed in the manifest: it is not part of this checkpoint");
+  std::vector<const char*> names(std::begin(kFiles), std::end(kFiles));
+  for (const char* name : kOptionalFiles)
+    if (files.has(name)) names.push_back(name);
+  for (const char* name : names) {
     const std::string path = dir + "/" + name;
     if (!files.has(name)) throw bad_input(manifest_path, std::string("does not list ") + name);
     const JsonReader entry = files.object(name);
@@ -207,7 +241,7 @@ std::string find_resumable(const std::string& run_dir, std::vector<std::string>*
 
 CheckpointContents load_checkpoint(const std::string& dir, model::LlamaForCausalLMImpl& model,
                                    torch::optim::Optimizer& optimizer) {
-  check_architecture(dir, model.options());
+  check_architecture(dir, model.options(), model.lora());
   CheckpointContents c;
   c.dir = dir;
   c.trainer_state = read_json(dir + "/trainer_state.json");

@@ -89,9 +89,9 @@ struct Collector {
   }
 };
 
-const std::vector<std::string> kSections = {"run",  "model", "data", "batch",      "optim", "schedule",
-                                            "clip", "amp",   "eval", "checkpoint", "log",   "guard",
-                                            "telemetry", "dist"};
+const std::vector<std::string> kSections = {"run",  "model", "lora", "data",       "batch", "optim",
+                                            "schedule", "clip", "amp", "eval", "checkpoint", "log",
+                                            "guard", "telemetry", "dist"};
 
 // Every configurable field, in the order config files, `config show` and
 // docs/config.md list them. The pointers refer into `c`.
@@ -100,6 +100,7 @@ std::vector<Field> fields(Config& c) {
   auto section = [&](const char* name, auto& options) { options.fields(Collector{out, name}); };
   section("run", c.run);
   section("model", c.model);
+  section("lora", c.lora);
   section("data", c.data);
   section("batch", c.batch);
   section("optim", c.optim);
@@ -372,6 +373,7 @@ std::string nearest_key(const std::string& key, const std::vector<std::string>& 
 void Config::finalize(int64_t world_size) {
   run.validate();
   model.validate();
+  lora.validate(model.activation_checkpointing);
   data.validate();
   batch.validate();
   optim.validate();

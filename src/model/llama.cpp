@@ -98,9 +98,10 @@ class LayerAutocast {
 // along as a non-tensor argument.
 //
 // RNG: the layer draws no random numbers (no dropout; the fused attention runs with
-// dropout_p = 0), so the recomputation is the same computation without saving or
-// restoring any generator state. A layer that gained dropout would need the CPU/CUDA
-// generator states saved here and restored in backward.
+// dropout_p = 0; LoRA dropout is refused with checkpointing, model/lora.h), so the
+// recomputation is the same computation without saving or restoring any generator state.
+// A layer that gained dropout would need the CPU/CUDA generator states saved here and
+// restored in backward.
 struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
   // The attention mask as DecoderLayerImpl::forward takes it: undefined for causal.
   static torch::Tensor mask_or_causal(const torch::Tensor& allowed) {
@@ -269,17 +270,18 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   const int64_t B = x.size(0), T = x.size(1);
   // RoPE on the projections' own layout [B, T, heads, hd], then heads move to dim 1. Qwen3's
   // q_norm/k_norm normalise each head's hd values first, as HF does.
-  auto q = q_proj(x).view({B, T, num_heads_, head_dim_});     // [B, T, H, hd]
-  auto k = k_proj(x).view({B, T, num_kv_heads_, head_dim_});  // [B, T, KV, hd]
+  const bool training = is_training();
+  auto q = project(q_proj, q_lora, x, training).view({B, T, num_heads_, head_dim_});     // [B, T, H, hd]
+  auto k = project(k_proj, k_lora, x, training).view({B, T, num_kv_heads_, head_dim_});  // [B, T, KV, hd]
   if (q_norm) {
     q = q_norm(q);
     k = k_norm(k);
   }
   q = rope(q, cos, sin).transpose(1, 2);  // [B, H, T, hd]
   k = rope(k, cos, sin).transpose(1, 2);  // [B, KV, T, hd]
-  auto v = v_proj(x).view({B, T, num_kv_heads_, head_dim_}).transpose(1, 2);                  // [B, KV, T, hd]
-  auto out = causal_attention(q, k, v, allowed);                               // [B, H, T, hd]
-  return o_proj(out.transpose(1, 2).reshape({B, T, num_heads_ * head_dim_}));
+  auto v = project(v_proj, v_lora, x, training).view({B, T, num_kv_heads_, head_dim_}).transpose(1, 2);  // [B, KV, T, hd]
+  auto out = causal_attention(q, k, v, allowed);  // [B, H, T, hd]
+  return project(o_proj, o_lora, out.transpose(1, 2).reshape({B, T, num_heads_ * head_dim_}), training);
 }
 
 MlpImpl::MlpImpl(const LlamaOptions& o) {
@@ -289,7 +291,9 @@ MlpImpl::MlpImpl(const LlamaOptions& o) {
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  return down_proj(swiglu(gate_proj(x), up_proj(x)));
+  const bool training = is_training();
+  return project(down_proj, down_lora,
+                 swiglu(project(gate_proj, gate_lora, x, training), project(up_proj, up_lora, x, training)), training);
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const LlamaOptions& o) {
@@ -418,6 +422,21 @@ int64_t count_parameters(LlamaForCausalLMImpl& model) {
   int64_t n = 0;
   for (const auto& p : model.parameters()) n += p.numel();
   return n;
+}
+
+int64_t count_trainable_parameters(LlamaForCausalLMImpl& model) {
+  int64_t n = 0;
+  for (const auto& p : model.parameters())
+    if (p.requires_grad()) n += p.numel();
+  return n;
+}
+
+void LlamaForCausalLMImpl::set_activation_checkpointing(bool on) {
+  if (on && lora_.enabled() && lora_.dropout > 0)
+    throw bad_input("model.activation_checkpointing",
+                    "cannot be turned on for a model with LoRA dropout (lora.dropout = " + format_number(lora_.dropout) +
+                        "): the recomputation in backward would draw another dropout mask");
+  options_.activation_checkpointing = on;
 }
 
 }  // namespace gradguard::model

@@ -208,7 +208,7 @@ Trainer::Trainer(config::Config config, std::FILE* out, const std::string& resum
           try {
             // A model configured differently is the configuration's fault, not the
             // checkpoint's: every older one would fail the same way.
-            const std::string difference = checkpoint::architecture_difference(dir, c.model);
+            const std::string difference = checkpoint::architecture_difference(dir, c.model, c.lora);
             if (!difference.empty())
               throw ConfigChanged{bad_input(dir + "/config.json", "the checkpoint has " + difference +
                                                                       ": the model changed between save and resume")};
@@ -311,9 +311,13 @@ void Trainer::State::build() {
 
   model = model::LlamaForCausalLM(c.model);
   if (!c.model.init_from.empty()) checkpoint::load_hf_weights(c.model.init_from, *model);
+  // LoRA freezes what was loaded and adds the adapters (model/lora.h); only parameters
+  // that train reach the optimizer, the guard and the gradient synchronisation.
+  if (c.lora.enabled()) model::add_lora(*model, c.lora);
   model->to(device);
   optim::NamedParameters named;
   for (const auto& item : model->named_parameters()) {
+    if (!item.value().requires_grad()) continue;
     named.emplace_back(item.key(), item.value());
     params.push_back(item.value());
     names.push_back(item.key());

@@ -249,6 +249,15 @@ std::vector<std::string> Trainer::State::header(int64_t parameters) const {
                   (long long)st.dropped_long, (long long)st.dropped_untrainable);
     out.push_back(msg);
   }
+  if (c.lora.enabled()) {
+    std::string targets;
+    for (auto t : c.lora.targets) targets += (targets.empty() ? "" : ",") + std::string(name_of(t));
+    char msg[256];
+    std::snprintf(msg, sizeof msg, "lora: rank %lld, alpha %s on %s: %lld of %lld parameters train",
+                  (long long)c.lora.rank, format_number(c.lora.alpha).c_str(), targets.c_str(),
+                  (long long)model::count_trainable_parameters(*model.ptr()), (long long)parameters);
+    out.push_back(msg);
+  }
   if (peak_lr != c.optim.lr) {
     char msg[160];
     std::snprintf(msg, sizeof msg, "optim.lr_scaling %s: peak lr %.3e (optim.lr %.3e at base_batch %lld)",

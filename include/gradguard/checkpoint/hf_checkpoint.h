@@ -27,7 +27,30 @@ inline constexpr const char* kHfSideFiles[] = {
 // shard at most max_shard_bytes unless one tensor alone is larger) and the
 // model.safetensors.index.json that Hugging Face writes ({"metadata": {"total_size"},
 // "weight_map": {tensor: shard file}}).
-void save_hf_model(const std::string& dir, model::LlamaForCausalLMImpl& model, int64_t max_shard_bytes = 0);
+//
+// A model with LoRA adapters (model/lora.h) is written as trained by default: the base
+// weights unmerged, the adapters under their own names in the same file, and their
+// settings in <dir>/lora.json (PEFT's adapter_config.json format; not under that name, so
+// a library that looks for adapter_config.json does not try to load adapter files the
+// directory does not have). That is what trainer checkpoints hold and what resume needs.
+// With `merged` it writes the plain model instead, each adapted weight W + (alpha / r) B A,
+// with no adapter tensor and no lora.json: a directory any HF Llama loader takes as is.
+void save_hf_model(const std::string& dir, model::LlamaForCausalLMImpl& model, int64_t max_shard_bytes = 0,
+                   bool merged = false);
+
+// The adapters of a LoRA model as PEFT saves them: <dir>/adapter_model.safetensors (the
+// names prefixed "base_model.model.") and <dir>/adapter_config.json, whose
+// base_model_name_or_path is `base`. Creates `dir`. The model must have adapters.
+void save_peft_adapter(const std::string& dir, model::LlamaForCausalLMImpl& model, const std::string& base);
+
+// The LoRA settings a directory written by save_hf_model records in lora.json, or rank 0
+// when it has none. Throws gradguard::Error (bad input) naming lora.json when it is not a
+// LoRA configuration gradguard can apply.
+model::LoraOptions read_lora_config(const std::string& dir);
+
+// A whole model from a directory: read_hf_config(dir, base), the adapters of lora.json
+// when there is one (model::add_lora), then load_hf_weights. What export and replay load.
+model::LlamaForCausalLM load_hf_model(const std::string& dir, const model::LlamaOptions& base);
 
 // Reads <dir>/config.json into model options: the architecture keys (hf_config.h), and
 // init_from = dir (the options describe the model stored there); the rest of `base` is
@@ -37,7 +60,8 @@ model::LlamaOptions read_hf_config(const std::string& dir, const model::LlamaOpt
 
 // Copies the tensors of <dir>/model.safetensors, or of the shards listed by
 // <dir>/model.safetensors.index.json, into the model's parameters (converting dtype). Every parameter must be present with the same shape; extra tensors are an
-// error except lm_head.weight of a tied model and rotary caches. Errors name the file
+// error except lm_head.weight of a tied model and rotary caches (a LoRA adapter tensor in
+// a directory loaded into a model without adapters is one). Errors name the file
 // and the tensor. Nothing is modified unless every tensor checks out.
 void load_hf_weights(const std::string& dir, model::LlamaForCausalLMImpl& model);
 

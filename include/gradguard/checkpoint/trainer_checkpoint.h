@@ -59,7 +59,10 @@ std::vector<std::string> resumable_checkpoints(const std::string& run_dir, std::
 // when the checkpoint's config.json cannot be read. A difference is a configuration that
 // changed between save and resume, not a broken checkpoint: resume stops there instead
 // of trying older checkpoints (which have the same architecture).
-std::string architecture_difference(const std::string& dir, const model::LlamaOptions& current);
+// The LoRA settings count as architecture: a checkpoint's lora.json (rank, alpha, targets)
+// against `lora` ("lora.rank = 8 but the configuration asks for 0").
+std::string architecture_difference(const std::string& dir, const model::LlamaOptions& current,
+                                    const model::LoraOptions& lora = {});
 
 // Loads a verified checkpoint into the model and optimizer (which must have the same
 // architecture and parameter groups). Throws gradguard::Error (bad input) naming the

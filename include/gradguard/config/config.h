@@ -23,6 +23,7 @@ namespace gradguard::config {
 struct Config {
   train::RunOptions run;
   model::LlamaOptions model;
+  model::LoraOptions lora;
   data::DataOptions data;
   train::BatchOptions batch;
   optim::OptimOptions optim;

@@ -38,6 +38,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include "gradguard/core/choice.h"
+#include "gradguard/model/lora.h"
 
 namespace gradguard::model {
 
@@ -140,6 +141,7 @@ class AttentionImpl : public torch::nn::Module {
                         const torch::Tensor& allowed = {});
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};  // [head_dim] each; only with qk_norm
+  LoraAdapter q_lora, k_lora, v_lora, o_lora;  // active only where add_lora put one (model/lora.h)
 
  private:
   int64_t num_heads_, num_kv_heads_, head_dim_;
@@ -151,6 +153,7 @@ class MlpImpl : public torch::nn::Module {
   explicit MlpImpl(const LlamaOptions& o);
   torch::Tensor forward(const torch::Tensor& x);  // down(silu(gate(x)) * up(x))
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  LoraAdapter gate_lora, up_lora, down_lora;  // active only where add_lora put one (model/lora.h)
 };
 TORCH_MODULE(Mlp);
 
@@ -206,7 +209,10 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
                         const torch::Tensor& segments);
   const LlamaOptions& options() const { return options_; }
   // Turns activation checkpointing on or off for later forward calls (the weights stay).
-  void set_activation_checkpointing(bool on) { options_.activation_checkpointing = on; }
+  // Throws gradguard::Error (bad input) turning it on for a model with LoRA dropout.
+  void set_activation_checkpointing(bool on);
+  // The adapters' settings (rank 0 = none; model/lora.h).
+  const LoraOptions& lora() const { return lora_; }
   // (Re)initialises every parameter from the current torch RNG.
   void reset_parameters();
 
@@ -220,13 +226,18 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // call (as HF does from position_ids) with the same float32 products as the cached table.
   std::pair<torch::Tensor, torch::Tensor> rope_at(const torch::Tensor& positions);
 
+  friend void add_lora(LlamaForCausalLMImpl& model, const LoraOptions& options);
+
   LlamaOptions options_;
+  LoraOptions lora_;         // rank 0 until add_lora
   torch::Tensor cos_, sin_;  // [cached T, head_dim]
   torch::Tensor inv_freq_;   // [head_dim / 2] on the device of the last rope_at call
 };
 TORCH_MODULE(LlamaForCausalLM);
 
-// Number of trainable parameters (tied weights counted once).
+// Number of parameters (tied weights counted once), adapters included.
 int64_t count_parameters(LlamaForCausalLMImpl& model);
+// Number of parameters that train (requires_grad): all of them, or the adapters with LoRA.
+int64_t count_trainable_parameters(LlamaForCausalLMImpl& model);
 
 }  // namespace gradguard::model
