@@ -1,17 +1,26 @@
 #!/usr/bin/python3
-"""Activation checkpointing: peak memory saved and step time paid, on this machine.
+"""Peak memory and step time of two settings of one model, side by side, on this machine.
 
-Runs `gradguard train` on the 30M-parameter model of bench/train_compare.py (10 layers x
-512 wide) with a long sequence so that activations, not weights and optimizer state,
+--compare checkpointing (the default): activation checkpointing's memory saved and step time
+paid. Runs `gradguard train` on the 30M-parameter model of bench/train_compare.py (10 layers
+x 512 wide) with a long sequence so that activations, not weights and optimizer state,
 dominate memory, alternating model.activation_checkpointing=false / true, A B A B ...
-(interleaved so the shared machine's noise falls on both). Each process is one run; the
-table reports its peak RSS (ru_maxrss from wait4: the honest measure on the CPU, where
-activations live in process memory) and the median step time over the kept steps of all
-rounds (each process drops its first --skip steps: allocator, thread pools). The losses of
-the two settings must agree: checkpointing recomputes, it does not approximate.
+(interleaved so the shared machine's noise falls on both). The losses of the two settings
+must agree: checkpointing recomputes, it does not approximate.
+
+--compare lora: full fine-tuning against LoRA (lora.rank, on --lora-targets) of the same
+model from the same start, where the frozen base has no gradients and no optimizer state;
+its default sequence is short so that weights, gradients and moments, not activations, are
+what differs. The losses differ by design (other parameters train).
+
+Each process is one run; the table reports its peak RSS (ru_maxrss from wait4: the honest
+measure on the CPU, where everything lives in process memory) and the median step time
+over the kept steps of all rounds (each process drops its first --skip steps: allocator,
+thread pools).
 
   bench/activation_memory.py                         # 2 rounds, seq 512 x micro 4
   bench/activation_memory.py --rounds 3 --seq 1024 --micro 2 --json out.json
+  bench/activation_memory.py --compare lora          # seq 64 x micro 4, rank 8 on q_proj,v_proj
 """
 import argparse
 import json
@@ -34,9 +43,16 @@ def params(h, i, layers, heads, kv):
     return 256 * h * 2 + layers * per_layer + h
 
 
+def setting(on, a):
+    """The --set for the second (on) or first setting of the comparison."""
+    if a.compare == "lora":
+        return ["lora.rank=%d" % (a.lora_rank if on else 0), "lora.targets=[%s]" % a.lora_targets]
+    return ["model.activation_checkpointing=%s" % ("true" if on else "false")]
+
+
 def train(exe, on, a, tmp):
     """One `gradguard train` process; returns (kept step times s, losses, peak RSS MiB)."""
-    name = "ckpt-on" if on else "ckpt-off"
+    name = "%s-%s" % (a.compare, "on" if on else "off")
     sets = ["model.hidden_size=%d" % HIDDEN, "model.intermediate_size=%d" % INTERMEDIATE,
             "model.num_layers=%d" % LAYERS, "model.num_heads=%d" % HEADS, "model.num_kv_heads=%d" % KV_HEADS,
             "model.max_seq_len=%d" % max(1024, a.seq), "data.seq_len=%d" % a.seq,
@@ -44,8 +60,7 @@ def train(exe, on, a, tmp):
             "schedule.total_steps=%d" % a.steps, "schedule.warmup_steps=1",
             "data.val_path=\"\"", "checkpoint.every=0", "log.progress=quiet", "log.report=false",
             "log.tensorboard=false", "guard.enabled=false", "telemetry.enabled=false", "guard.noise_scale.every=0",
-            "run.dir=%s" % tmp, "run.name=%s" % name, "run.overwrite=true", "run.threads=%d" % a.threads,
-            "model.activation_checkpointing=%s" % ("true" if on else "false")]
+            "run.dir=%s" % tmp, "run.name=%s" % name, "run.overwrite=true", "run.threads=%d" % a.threads] + setting(on, a)
     argv = [exe, "train"]
     for s in sets:
         argv += ["--set", s]
@@ -70,8 +85,11 @@ def train(exe, on, a, tmp):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--compare", choices=["checkpointing", "lora"], default="checkpointing")
+    p.add_argument("--lora-rank", type=int, default=8)
+    p.add_argument("--lora-targets", default="q_proj,v_proj")
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--seq", type=int, help="default: 512 (checkpointing), 64 (lora)")
     p.add_argument("--micro", type=int, default=4)
     p.add_argument("--accum", type=int, default=1)
     p.add_argument("--steps", type=int, default=4)
@@ -80,13 +98,16 @@ def main():
     p.add_argument("--gradguard", default=os.path.join(ROOT, "build", "gradguard"))
     p.add_argument("--json", help="also write the results here")
     a = p.parse_args()
+    if a.seq is None:
+        a.seq = 64 if a.compare == "lora" else 512
+    label = {"checkpointing": ("model.activation_checkpointing", "false", "true"),
+             "lora": ("fine-tuning", "full", "LoRA rank %d on %s" % (a.lora_rank, a.lora_targets))}[a.compare]
     runs = {False: ([], [], []), True: ([], [], [])}  # on -> (step times, peak RSS per process, losses)
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.rounds):
             for on in (False, True):
-                print("round %d/%d, checkpointing %s" % (r + 1, a.rounds, "on" if on else "off"), file=sys.stderr,
-                      flush=True)
+                print("round %d/%d, %s" % (r + 1, a.rounds, label[2 if on else 1]), file=sys.stderr, flush=True)
                 times, losses, rss = train(a.gradguard, on, a, tmp)
                 runs[on][0].extend(times)
                 runs[on][1].append(rss)
@@ -99,17 +120,22 @@ def main():
                                                                                  KV_HEADS) / 1e6, tokens, a.seq,
                                                        a.micro, a.accum, a.threads, a.rounds, a.steps - a.skip,
                                                        time.time() - t0))
-    print("| model.activation_checkpointing | median step s | tokens/s | peak RSS MiB (each process) |")
+    print("| %s | median step s | tokens/s | peak RSS MiB (each process) |" % label[0])
     print("|---|---:|---:|---:|")
     for on in (False, True):
-        print("| %s | %.3f | %.0f | %s |" % ("true" if on else "false", med[on], tokens / med[on],
+        print("| %s | %.3f | %.0f | %s |" % (label[2 if on else 1], med[on], tokens / med[on],
                                              ", ".join("%.0f" % x for x in runs[on][1])))
     saved = peak[False] - peak[True]
     print("peak RSS: %.0f MiB saved (%.1f%% of %.0f MiB); step time: %+.1f%%" %
           (saved, 100 * saved / peak[False], peak[False], 100 * (med[True] / med[False] - 1)))
     same = all(x == y for x, y in zip(runs[False][2][0], runs[True][2][0]))
     diff = max(abs(x - y) for x, y in zip(runs[False][2][0], runs[True][2][0]))
-    print("losses off vs on: %s (max |diff| %.2e)" % ("identical" if same else "differ", diff))
+    if a.compare == "checkpointing":
+        print("losses off vs on: %s (max |diff| %.2e)" % ("identical" if same else "differ", diff))
+    else:
+        print("losses: full %s, LoRA %s (first step equal: %s)" % (
+            " ".join("%.4f" % x for x in runs[False][2][0]), " ".join("%.4f" % x for x in runs[True][2][0]),
+            runs[False][2][0][0] == runs[True][2][0][0]))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({("on" if on else "off"): {"median_step_s": med[on], "tokens_per_s": tokens / med[on],
