@@ -184,12 +184,12 @@ void load_hf_weights(const std::string& dir, model::LlamaForCausalLMImpl& model)
     (void)t;
     bool ignorable = (name == "lm_head.weight" && model.options().tie_embeddings) ||
                      name.find("rotary_emb.inv_freq") != std::string::npos;
-    if (!expected.count(name) && !ignorable && model::is_lora_name(name))
+    if (expected.count(name) || ignorable) continue;
+    if (model::is_lora_name(name))
       throw bad_input(path, "holds the LoRA adapter tensor '" + name + "' and the model being loaded has no adapter "
                             "there: it is a LoRA checkpoint (see its lora.json); load it with its adapters, or "
                             "`gradguard export` it to get the merged model");
-    if (!expected.count(name) && !ignorable)
-      throw bad_input(path, "unexpected tensor '" + name + "' (not a parameter of this model)");
+    throw bad_input(path, "unexpected tensor '" + name + "' (not a parameter of this model)");
   }
   torch::NoGradGuard no_grad;
   for (auto& item : params) item.value().copy_(contents.tensors.at(item.key()));

@@ -99,10 +99,10 @@ void add_export_command(CLI::App& app, Action& action) {
           throw runtime_error(*out, "the merged model's logits differ from the adapted model's by " +
                                         format_number(diff) + " (largest logit " + format_number(scale) +
                                         "): the merge is wrong");
-        char text[160];
-        std::snprintf(text, sizeof text, "; LoRA rank %lld merged (logits within %.1e), adapter in %s",
-                      (long long)model->lora().rank, diff / scale, adapter_dir.c_str());
-        detail = text;
+        char within[32];
+        std::snprintf(within, sizeof within, "%.1e", diff / scale);
+        detail = "; LoRA rank " + std::to_string(model->lora().rank) + " merged (logits within " + within +
+                 "), adapter in " + adapter_dir;  // a path of any length, never cut
       }
       std::printf("exported %s -> %s (%lld parameters; reloaded bit-identically, %zu tensors%s)\n", dir.c_str(),
                   out->c_str(), (long long)model::count_parameters(*copy), written.size(), detail.c_str());
