@@ -118,7 +118,11 @@ ReplayReport replay_snapshot(const std::string& dir, const ReplayOptions& option
 
   const torch::Device device(options.device == "cpu" ? std::string("cpu") : options.device);
   auto model = checkpoint::load_hf_model(dir + "/model", cfg.model);  // with its LoRA adapters, if any
-  model->to(device);
+  // In the run's working dtype (memory.weights_dtype), as its gradients were computed.
+  if (cfg.memory.weights_dtype == amp::AmpDtype::kFp32)
+    model->to(device);
+  else
+    model->to(device, cfg.memory.weights_dtype == amp::AmpDtype::kBf16 ? torch::kBFloat16 : torch::kHalf);
   model->train();
   std::vector<torch::Tensor> params;  // the ones that train: all, or the adapters
   for (const auto& p : model->parameters())

@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include "gradguard/checkpoint/hf_checkpoint.h"
+#include "gradguard/checkpoint/optimizer_shards.h"
 #include "gradguard/core/crc32c.h"
 #include "gradguard/core/error.h"
 #include "gradguard/core/json_read.h"
@@ -91,7 +92,8 @@ std::string architecture_difference(const std::string& dir, const model::LlamaOp
 
 std::string save_checkpoint(const std::string& root, int64_t step, model::LlamaForCausalLMImpl& model,
                             torch::optim::Optimizer& optimizer, const nlohmann::json& trainer_state,
-                            const std::string& config_yaml, int64_t keep_last) {
+                            const std::string& config_yaml, int64_t keep_last,
+                            const std::vector<std::string>& extra_files) {
   const stdfs::path final_dir = stdfs::path(root) / step_name(step);
   const stdfs::path tmp = stdfs::path(root) / (".tmp-" + step_name(step));
   try {
@@ -123,6 +125,13 @@ std::string save_checkpoint(const std::string& root, int64_t step, model::LlamaF
     }
     fs::write_file_atomic((tmp / "trainer_state.json").string(), trainer_state.dump(1) + "\n");
     fs::write_file_atomic((tmp / "config.yaml").string(), config_yaml);
+    std::vector<std::string> extra_names;
+    for (const auto& path : extra_files) {
+      const std::string name = stdfs::path(path).filename().string();
+      TORCH_INTERNAL_ASSERT(is_optimizer_shard_file(name), "save_checkpoint: unexpected extra file ", name);
+      stdfs::rename(path, tmp / name);
+      extra_names.push_back(name);
+    }
     nlohmann::ordered_json manifest = {{"format", "gradguard-checkpoint-1"}, {"step", step}};
     auto list = [&](const char* name) {
       uint64_t size = 0;
@@ -132,6 +141,7 @@ std::string save_checkpoint(const std::string& root, int64_t step, model::LlamaF
     for (const char* name : kFiles) list(name);
     for (const char* name : kOptionalFiles)
       if (fs::exists((tmp / name).string())) list(name);
+    for (const auto& name : extra_names) list(name.c_str());
     fs::write_file_atomic((tmp / "manifest.json").string(), manifest.dump(1) + "\n");
     fsync_path(tmp.string());
     stdfs::remove_all(final_dir);
@@ -165,16 +175,22 @@ void verify_checkpoint(const std::string& dir) {
   if (!fs::exists(manifest_path)) throw bad_input(manifest_path, "missing: not a complete checkpoint");
   const auto manifest = read_json(manifest_path);
   const JsonReader files = JsonReader(manifest, manifest_path).object("files");
-  for (const char* name : kOptionalFiles)
+  std::vector<const char*> optional(std::begin(kOptionalFiles), std::end(kOptionalFiles));
+  optional.push_back(kOptimizerShardsLayout);
+  for (const char* name : optional)
     if (!files.has(name) && fs::exists(dir + "/" + name))
       throw bad_input(dir + "/" + name, "is not listed in the manifest: it is not part of this checkpoint");
-  std::vector<const char*> names(std::begin(kFiles), std::end(kFiles));
+  std::vector<std::string> names(std::begin(kFiles), std::end(kFiles));
   for (const char* name : kOptionalFiles)
     if (files.has(name)) names.push_back(name);
-  for (const char* name : names) {
+  // A sharded optimizer's files: each listed one is checked like the others (only these
+  // names, so a manifest cannot point outside the directory).
+  for (const auto& item : manifest.at("files").items())
+    if (is_optimizer_shard_file(item.key())) names.push_back(item.key());
+  for (const std::string& name : names) {
     const std::string path = dir + "/" + name;
-    if (!files.has(name)) throw bad_input(manifest_path, std::string("does not list ") + name);
-    const JsonReader entry = files.object(name);
+    if (!files.has(name.c_str())) throw bad_input(manifest_path, std::string("does not list ") + name);
+    const JsonReader entry = files.object(name.c_str());
     const int64_t listed_size = entry.integer("size", 0);
     const int64_t listed_crc = entry.integer("crc32c", 0, 0xffffffffLL);
     if (!fs::exists(path)) throw bad_input(path, "missing (listed in the manifest)");
@@ -249,6 +265,21 @@ CheckpointContents load_checkpoint(const std::string& dir, model::LlamaForCausal
     throw bad_input(dir + "/trainer_state.json", "has no integer \"step\"");
   c.step = c.trainer_state["step"].get<int64_t>();
   load_hf_weights(dir, model);
+  const bool saved_sharded = fs::exists(dir + "/" + kOptimizerShardsLayout);
+  if (auto* sharded = dynamic_cast<optim::ShardedOptimizer*>(&optimizer)) {
+    if (!saved_sharded)
+      throw bad_input(dir + "/optimizer.pt",
+                      "holds a replicated optimizer state and this run shards it (memory.zero_stage, "
+                      "memory.master_weights with bf16/fp16 weights, memory.offload_optimizer): resume with the "
+                      "checkpoint's memory settings");
+    load_optimizer_shards(dir, *sharded);
+    return c;
+  }
+  if (saved_sharded)
+    throw bad_input(dir + "/" + kOptimizerShardsLayout,
+                    "the checkpoint's optimizer state is sharded (memory.zero_stage, memory.master_weights, "
+                    "memory.offload_optimizer) and this run keeps it whole: resume with the checkpoint's memory "
+                    "settings");
   try {
     torch::serialize::InputArchive archive;
     archive.load_from(dir + "/optimizer.pt");

@@ -90,7 +90,7 @@ struct Collector {
 };
 
 const std::vector<std::string> kSections = {"run",  "model", "lora", "data",       "batch", "optim",
-                                            "schedule", "clip", "amp", "eval", "checkpoint", "log",
+                                            "schedule", "clip", "amp", "memory", "eval", "checkpoint", "log",
                                             "guard", "telemetry", "dist"};
 
 // Every configurable field, in the order config files, `config show` and
@@ -107,6 +107,7 @@ std::vector<Field> fields(Config& c) {
   section("schedule", c.schedule);
   section("clip", c.clip);
   section("amp", c.amp);
+  section("memory", c.memory);
   section("eval", c.eval);
   section("checkpoint", c.checkpoint);
   section("log", c.log);
@@ -370,6 +371,28 @@ std::string nearest_key(const std::string& key, const std::vector<std::string>& 
   return best_d <= limit ? best : "";
 }
 
+void Config::validate_memory(int64_t world_size) const {
+  const auto& m = memory;
+  const bool low_precision = m.weights_dtype != amp::AmpDtype::kFp32;
+  if (low_precision && amp.dtype != m.weights_dtype)
+    throw bad_input("memory.weights_dtype", std::string(name_of(m.weights_dtype)) +
+                                                " weights compute in that dtype: set amp.dtype to " +
+                                                name_of(m.weights_dtype) + " too (it is " + name_of(amp.dtype) + ")");
+  if (low_precision && world_size > 1)
+    throw bad_input("memory.weights_dtype",
+                    std::string(name_of(m.weights_dtype)) + " weights on " + std::to_string(world_size) +
+                        " ranks: the gradient reduction is float32 only for now; keep fp32 weights (amp.dtype " +
+                        name_of(m.weights_dtype) + " still computes in it) or run one process");
+  if (m.sharded_optimizer() && optim.name != optim::OptimizerKind::kAdamW &&
+      optim.name != optim::OptimizerKind::kAdamAtan2)
+    throw bad_input("optim.name", std::string(name_of(optim.name)) +
+                                      " needs whole tensors for its trust ratio; memory.zero_stage, "
+                                      "memory.offload_optimizer and master weights run adamw and adam_atan2");
+  if (m.zero_stage > 0 && optim.update_clipping && world_size > 1)
+    throw bad_input("optim.update_clipping", "needs each tensor whole on one rank; memory.zero_stage 1 on " +
+                                                 std::to_string(world_size) + " ranks splits them: turn one off");
+}
+
 void Config::finalize(int64_t world_size) {
   run.validate();
   model.validate();
@@ -380,12 +403,14 @@ void Config::finalize(int64_t world_size) {
   schedule.validate();
   clip.validate();
   amp.validate();
+  memory.validate();
   eval.validate();
   checkpoint.validate();
   log.validate();
   guard.validate();
   telemetry.validate();
   dist.validate();
+  validate_memory(world_size);
   if (schedule.min_lr > optim.lr)
     throw bad_input("schedule.min_lr", "must be <= optim.lr (" + format_double(optim.lr) + "), got " +
                                            format_double(schedule.min_lr));

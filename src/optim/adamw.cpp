@@ -14,10 +14,7 @@
 namespace gradguard::optim {
 namespace {
 
-struct Bucket {
-  std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs;
-  std::vector<torch::optim::AdamWParamState*> states;
-};
+using Bucket = AdamWLists;
 
 // LibTorch's AdamW update, op for op, over lists of tensors.
 void foreach_update(Bucket& b, int64_t step, const torch::optim::AdamWOptions& o) {
@@ -77,6 +74,19 @@ void variant_update(Bucket& b, int64_t step, const torch::optim::AdamWOptions& o
 
 }  // namespace
 
+void adamw_update(AdamWLists& b, int64_t step, const torch::optim::AdamWOptions& options, AdamWKernel kernel,
+                  AdamWRule rule, bool update_clipping) {
+  if (b.params.empty()) return;
+  // The fused kernel needs every tensor of the bucket on one device of a kind it
+  // supports; a bucket elsewhere (e.g. a CPU tensor in a CUDA run) takes foreach.
+  if (rule != AdamWRule::kAdam || update_clipping)
+    variant_update(b, step, options, rule, update_clipping);
+  else if (kernel == AdamWKernel::fused && compat::fused_adamw_available(b.params[0].device().type()))
+    fused_update(b, step, options);
+  else
+    foreach_update(b, step, options);
+}
+
 AdamWKernel resolve_adamw_kernel(AdamWImplementation implementation, const c10::Device& device) {
   if (implementation == AdamWImplementation::kForeach) return AdamWKernel::foreach;
   if (implementation == AdamWImplementation::kLoop) return AdamWKernel::loop;
@@ -113,7 +123,6 @@ GroupAdamW::GroupAdamW(std::vector<torch::optim::OptimizerParamGroup> groups, to
 }
 
 torch::Tensor GroupAdamW::step(LossClosure closure) {
-  const bool variant = rule_ != AdamWRule::kAdam || update_clipping_;
   if (kernel_ == AdamWKernel::loop) return torch::optim::AdamW::step(std::move(closure));
   torch::NoGradGuard no_grad;
   torch::Tensor loss;
@@ -127,6 +136,7 @@ torch::Tensor GroupAdamW::step(LossClosure closure) {
     TORCH_CHECK(!options.amsgrad(), "GroupAdamW does not implement amsgrad");
     using Key = std::tuple<int64_t, int, int, int>;  // step, device type, device index, dtype
     std::map<Key, Bucket> buckets;
+    std::map<Key, std::vector<torch::optim::AdamWParamState*>> bucket_states;
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       TORCH_CHECK(!p.grad().is_sparse(), "AdamW does not support sparse gradients");
@@ -146,19 +156,14 @@ torch::Tensor GroupAdamW::step(LossClosure closure) {
       b.grads.push_back(p.grad());
       b.exp_avgs.push_back(st->exp_avg());
       b.exp_avg_sqs.push_back(st->exp_avg_sq());
-      b.states.push_back(st);
+      bucket_states[Key{st->step(), static_cast<int>(p.device().type()), p.device().index(),
+                        static_cast<int>(p.scalar_type())}]
+          .push_back(st);
     }
     for (auto& [key, b] : buckets) {
       const int64_t step = std::get<0>(key) + 1;
-      for (auto* st : b.states) st->step(step);
-      // The fused kernel needs every tensor of the bucket on one device of a kind it
-      // supports; a bucket elsewhere (e.g. a CPU tensor in a CUDA run) takes foreach.
-      if (variant)
-        variant_update(b, step, options, rule_, update_clipping_);
-      else if (kernel_ == AdamWKernel::fused && compat::fused_adamw_available(b.params[0].device().type()))
-        fused_update(b, step, options);
-      else
-        foreach_update(b, step, options);
+      for (auto* st : bucket_states[key]) st->step(step);
+      adamw_update(b, step, options, kernel_, rule_, update_clipping_);
     }
   }
   return loss;

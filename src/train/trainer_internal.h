@@ -23,6 +23,7 @@
 #include "gradguard/guard/guarded_step.h"
 #include "gradguard/model/llama.h"
 #include "gradguard/optim/schedule.h"
+#include "gradguard/optim/sharded_optimizer.h"
 #include "gradguard/telemetry/telemetry.h"
 #include "gradguard/train/metrics.h"
 #include "gradguard/train/progress.h"
@@ -49,6 +50,7 @@ struct Trainer::State {
   model::LlamaForCausalLM model{nullptr};
   std::shared_ptr<data::TokenDataset> train, val;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
+  optim::ShardedOptimizer* sharded = nullptr;  // `optimizer` when memory.* asks for it (optim/sharded_optimizer.h)
   std::vector<torch::Tensor> params;
   std::vector<std::string> names;  // [tensor] HF parameter names, parallel to params
   double peak_lr = 0;              // optim.lr after the batch-size scaling rule

@@ -15,6 +15,7 @@
 #include <torch/torch.h>
 
 #include "gradguard/checkpoint/hf_checkpoint.h"
+#include "gradguard/checkpoint/optimizer_shards.h"
 #include "gradguard/checkpoint/trainer_checkpoint.h"
 #include "gradguard/data/tokenizer.h"
 #include "gradguard/core/allocator.h"
@@ -22,7 +23,9 @@
 #include "gradguard/core/error.h"
 #include "gradguard/core/fs.h"
 #include "gradguard/core/json_read.h"
+#include "gradguard/optim/adamw.h"
 #include "gradguard/optim/optimizer.h"
+#include "gradguard/optim/sharded_optimizer.h"
 #include "trainer_internal.h"
 
 namespace gradguard::train {
@@ -314,7 +317,12 @@ void Trainer::State::build() {
   // LoRA freezes what was loaded and adds the adapters (model/lora.h); only parameters
   // that train reach the optimizer, the guard and the gradient synchronisation.
   if (c.lora.enabled()) model::add_lora(*model, c.lora);
-  model->to(device);
+  // Low-precision working weights (memory.weights_dtype): the whole model, frozen base
+  // included, in that dtype; the optimizer keeps float32 masters of what trains.
+  if (c.memory.weights_dtype == amp::AmpDtype::kFp32)
+    model->to(device);
+  else
+    model->to(device, c.memory.weights_dtype == amp::AmpDtype::kBf16 ? torch::kBFloat16 : torch::kHalf);
   optim::NamedParameters named;
   for (const auto& item : model->named_parameters()) {
     if (!item.value().requires_grad()) continue;
@@ -325,7 +333,26 @@ void Trainer::State::build() {
   peak_lr = optim::scaled_lr(c.optim.lr, c.optim.lr_scaling, c.optim.base_batch, c.batch.global_batch);
   optim::OptimOptions optim_options = c.optim;
   optim_options.lr = peak_lr;
-  optimizer = optim::make_optimizer(named, optim_options);
+  if (c.memory.sharded_optimizer()) {
+    optim::ShardingOptions sh;
+    sh.rank = env.rank;
+    sh.world_size = env.world_size;
+    sh.master_weights = c.memory.weights_dtype != amp::AmpDtype::kFp32 && c.memory.master_weights;
+    sh.offload = c.memory.offload_optimizer;
+    const bool variant = c.optim.name == optim::OptimizerKind::kAdamAtan2 || c.optim.update_clipping;
+    sh.kernel = variant ? optim::AdamWKernel::foreach : optim::resolve_adamw_kernel(c.optim.implementation, device);
+    optim::AllGather gather;
+    if (comm) {
+      gather = [this](const at::Tensor& mine, std::vector<at::Tensor>& all) {
+        comm->allgather_async(mine, all, "optimizer all-gather").wait();
+      };
+    }
+    auto opt = std::make_unique<optim::ShardedOptimizer>(named, optim_options, sh, std::move(gather));
+    sharded = opt.get();
+    optimizer = std::move(opt);
+  } else {
+    optimizer = optim::make_optimizer(named, optim_options);
+  }
   guard::GuardedStepOptions g;
   g.clip = c.clip;
   g.scaler = c.amp.scaler;
@@ -336,6 +363,10 @@ void Trainer::State::build() {
   g.adam_betas = c.optim.betas;
   g.adam_eps = c.optim.eps;
   auto hooks = guard::optimizer_hooks(*optimizer, params);
+  if (sharded) {
+    hooks.moments = [this](size_t i) { return sharded->moments(i); };
+    hooks.reset_moments = [this](size_t i) { return sharded->reset_moments(i); };
+  }
   // A rollback needs a checkpoint; rank 0 holds them, so its answer decides for all.
   hooks.rollback_available = [this] {
     bool has = main_rank() && fs::exists(run.latest_checkpoint_link());
@@ -382,12 +413,47 @@ optim::LrSchedule Trainer::State::schedule() const {
 }
 
 std::string Trainer::State::save(int64_t steps_done, bool periodic) {
-  if (!main_rank()) return "";
+  std::vector<std::string> shard_files;
+  stdfs::path staging;
   try {
-    return checkpoint::save_checkpoint(run.checkpoints(), steps_done, *model, *optimizer, trainer_state(steps_done),
-                                       config::to_yaml(cfg), cfg.checkpoint.keep_last);
+    if (sharded) {
+      // Every rank writes its shard next to the checkpoints; rank 0 moves them into the
+      // checkpoint it commits. The ranks agree first: no checkpoint without every shard.
+      char name[48];
+      std::snprintf(name, sizeof name, ".shards-step-%07lld", static_cast<long long>(steps_done));
+      staging = stdfs::path(run.checkpoints()) / name;
+      std::exception_ptr failure;
+      try {
+        stdfs::create_directories(staging);
+        const auto own = staging / checkpoint::optimizer_shard_file(env.rank, env.world_size);
+        checkpoint::save_optimizer_shard(own.string(), *sharded);
+        if (main_rank())
+          fs::write_file_atomic((staging / checkpoint::kOptimizerShardsLayout).string(),
+                                checkpoint::optimizer_shards_layout(*sharded).dump(1) + "\n");
+      } catch (const stdfs::filesystem_error& e) {
+        failure = std::make_exception_ptr(
+            runtime_error(staging.string(), std::string("checkpoint not written (") + e.what() + ")"));
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      agree("checkpoint shards", failure);
+      if (!main_rank()) return "";
+      shard_files.push_back((staging / checkpoint::kOptimizerShardsLayout).string());
+      for (int64_t r = 0; r < env.world_size; ++r)
+        shard_files.push_back((staging / checkpoint::optimizer_shard_file(r, env.world_size)).string());
+    }
+    if (!main_rank()) return "";
+    auto dir = checkpoint::save_checkpoint(run.checkpoints(), steps_done, *model, *optimizer,
+                                           trainer_state(steps_done), config::to_yaml(cfg), cfg.checkpoint.keep_last,
+                                           shard_files);
+    if (!staging.empty()) stdfs::remove_all(staging);
+    return dir;
   } catch (const Error& e) {
-    if (!periodic || e.kind() != ErrorKind::kRuntime) throw;
+    std::error_code ec;
+    if (!staging.empty() && main_rank()) stdfs::remove_all(staging, ec);
+    // A failed shard stops every rank (they agreed on it and the failing rank has
+    // reported it); a single process goes on, as without sharding.
+    if (!periodic || e.kind() != ErrorKind::kRuntime || (sharded && comm)) throw;
     // The run goes on (the next checkpoint tries again); the last good one stays usable.
     metrics->write(nlohmann::ordered_json{{"step", steps_done}, {"event", "warning"},
                                           {"kind", "checkpoint_not_written"}, {"message", e.what()}});

@@ -258,6 +258,26 @@ std::vector<std::string> Trainer::State::header(int64_t parameters) const {
                   (long long)model::count_trainable_parameters(*model.ptr()), (long long)parameters);
     out.push_back(msg);
   }
+  if (sharded) {
+    // What this rank holds of the optimizer state, next to what a replicated AdamW holds.
+    const auto& l = sharded->layout();
+    const int64_t elem = sharded->exp_avg().element_size();
+    const int64_t replicated = l.total * (2 * elem + (sharded->has_masters() ? 4 : 0));
+    auto size = [](int64_t bytes) {
+      char b[32];
+      if (bytes < (int64_t{1} << 20)) std::snprintf(b, sizeof b, "%.1f KiB", bytes / 1024.0);
+      else if (bytes < (int64_t{1} << 30)) std::snprintf(b, sizeof b, "%.1f MiB", bytes / 1048576.0);
+      else std::snprintf(b, sizeof b, "%.2f GiB", bytes / 1073741824.0);
+      return std::string(b);
+    };
+    char msg[320];
+    std::snprintf(msg, sizeof msg, "memory: %s weights%s, optimizer state %s over %lld rank%s%s: %s on this rank (%s whole)",
+                  name_of(c.memory.weights_dtype), sharded->has_masters() ? " with fp32 masters" : "",
+                  c.memory.zero_stage > 0 ? "sharded (ZeRO-1)" : "whole", (long long)l.world_size,
+                  l.world_size == 1 ? "" : "s", c.memory.offload_optimizer ? " in host memory" : "",
+                  size(sharded->state_bytes()).c_str(), size(replicated).c_str());
+    out.push_back(msg);
+  }
   if (peak_lr != c.optim.lr) {
     char msg[160];
     std::snprintf(msg, sizeof msg, "optim.lr_scaling %s: peak lr %.3e (optim.lr %.3e at base_batch %lld)",

@@ -189,7 +189,7 @@ TEST(Config, GlobalBatchZeroFollowsTheRankCount) {
 // text beside the field, which `config show` and docs/config.md print), as a word.
 TEST(Config, EveryChoiceValueIsDocumented) {
   const auto keys = choice_keys();
-  EXPECT_EQ(keys.size(), 15u);  // run.thread_pool, model.rope_scaling ... dist.hook, lora.targets
+  EXPECT_EQ(keys.size(), 16u);  // run.thread_pool, model.rope_scaling ... dist.hook, lora.targets, memory.weights_dtype
   const std::string reference = test::read_text(test::source_path("docs/config.md"));
   for (const auto& k : keys) {
     ASSERT_FALSE(k.names.empty()) << k.key;

@@ -35,10 +35,13 @@ struct CheckpointContents {
 // Writes a checkpoint for `step` under `root` (the run's checkpoints/ directory) and
 // prunes all but the newest `keep_last` (0 keeps all). Returns its directory. Throws
 // gradguard::Error (runtime) naming the file when writing fails; the temporary directory
-// is removed and older checkpoints are untouched.
+// is removed and older checkpoints are untouched. `extra_files` (paths) are moved into
+// the checkpoint and listed in its manifest: the sharded optimizer's files
+// (checkpoint/optimizer_shards.h), written by every rank before rank 0 commits.
 std::string save_checkpoint(const std::string& root, int64_t step, model::LlamaForCausalLMImpl& model,
                             torch::optim::Optimizer& optimizer, const nlohmann::json& trainer_state,
-                            const std::string& config_yaml, int64_t keep_last);
+                            const std::string& config_yaml, int64_t keep_last,
+                            const std::vector<std::string>& extra_files = {});
 
 // Checks every file of `dir` against its manifest (presence, size, CRC-32C). Throws
 // gradguard::Error (bad input) naming the file and the mismatch.
@@ -65,7 +68,9 @@ std::string architecture_difference(const std::string& dir, const model::LlamaOp
                                     const model::LoraOptions& lora = {});
 
 // Loads a verified checkpoint into the model and optimizer (which must have the same
-// architecture and parameter groups). Throws gradguard::Error (bad input) naming the
+// architecture and parameter groups). A sharded optimizer (optim/sharded_optimizer.h)
+// loads its rank's range from the shard files; a replicated state into a sharded
+// optimizer, or the reverse, is refused naming memory.*. Throws gradguard::Error (bad input) naming the
 // file: a model that does not match (e.g. the config changed between save and resume)
 // names the differing key.
 CheckpointContents load_checkpoint(const std::string& dir, model::LlamaForCausalLMImpl& model,

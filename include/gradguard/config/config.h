@@ -13,6 +13,7 @@
 #include "gradguard/grad/clip.h"
 #include "gradguard/guard/guard_options.h"
 #include "gradguard/model/llama.h"
+#include "gradguard/optim/memory_options.h"
 #include "gradguard/optim/optimizer.h"
 #include "gradguard/optim/schedule.h"
 #include "gradguard/telemetry/telemetry.h"
@@ -30,6 +31,7 @@ struct Config {
   optim::ScheduleOptions schedule;
   grad::ClipOptions clip;
   amp::AmpOptions amp;
+  optim::MemoryOptions memory;
   train::EvalOptions eval;
   train::CheckpointOptions checkpoint;
   train::LogOptions log;
@@ -46,6 +48,10 @@ struct Config {
   // model.max_seq_len). Resolves batch.global_batch / batch.accum_steps for `world_size`
   // ranks. Throws gradguard::Error (bad input) naming the key.
   void finalize(int64_t world_size = 1);
+
+ private:
+  // The memory section against the optimizer, amp.dtype and the rank count.
+  void validate_memory(int64_t world_size) const;
 };
 
 // The built-in default: a 4-layer, 128-wide Llama on the Brown corpus, 8192 tokens per

@@ -47,6 +47,18 @@ inline constexpr double kAtan2B = 1.0;
 AdamWKernel resolve_adamw_kernel(AdamWImplementation implementation, const c10::Device& device);
 const char* to_string(AdamWKernel kernel);
 
+// One AdamW update (with `rule` and update clipping as above) of parallel lists of
+// tensors that have all taken `step` updates, this one included; the moments are
+// updated in place. GroupAdamW and the sharded optimizer (optim/sharded_optimizer.h)
+// both step through here, so their arithmetic is the same op for op. Update clipping's
+// RMS is over each list entry: entries must be whole tensors for it to be StableAdamW's.
+// fused where the kernel exists for the tensors' device, else foreach.
+struct AdamWLists {
+  std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs;  // [entry]
+};
+void adamw_update(AdamWLists& lists, int64_t step, const torch::optim::AdamWOptions& options, AdamWKernel kernel,
+                  AdamWRule rule, bool update_clipping);
+
 class GroupAdamW : public torch::optim::AdamW {
  public:
   // The variants (rule kAtan2 or update_clipping) have no fused kernel and are not

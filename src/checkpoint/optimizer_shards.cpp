@@ -1,0 +1,125 @@
+// Shard files of the sharded optimizer: one safetensors file per rank plus a JSON layout.
+// Loading maps the old flat ranges onto the new rank's range, so the world size may change
+// between save and resume.
+#include "gradguard/checkpoint/optimizer_shards.h"
+
+#include <cstdio>
+#include <regex>
+
+#include <torch/torch.h>
+
+#include "gradguard/checkpoint/safetensors.h"
+#include "gradguard/core/error.h"
+#include "gradguard/core/fs.h"
+#include "gradguard/core/json_read.h"
+
+namespace gradguard::checkpoint {
+namespace {
+
+constexpr const char* kFormat = "gradguard-optimizer-shards-1";
+constexpr int64_t kMaxRanks = 1 << 16;
+
+// A shard file's tensor `name`: present, 1-D of `size` elements, floating point.
+at::Tensor shard_tensor(const SafetensorsContents& c, const std::string& path, const std::string& name, int64_t size) {
+  const auto it = c.tensors.find(name);
+  if (it == c.tensors.end()) throw bad_input(path, "has no tensor \"" + name + "\"");
+  const auto& t = it->second;
+  if (t.dim() != 1 || t.size(0) != size || !t.is_floating_point())
+    throw bad_input(path, "tensor \"" + name + "\" must be a 1-D float tensor of " + std::to_string(size) +
+                              " elements (the layout's shard size)");
+  return t;
+}
+
+}  // namespace
+
+std::string optimizer_shard_file(int64_t rank, int64_t world_size) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "optimizer-shard-%05lld-of-%05lld.safetensors", static_cast<long long>(rank),
+                static_cast<long long>(world_size));
+  return buf;
+}
+
+bool is_optimizer_shard_file(const std::string& name) {
+  static const std::regex shard("optimizer-shard-[0-9]{5}-of-[0-9]{5}\\.safetensors");
+  return name == kOptimizerShardsLayout || std::regex_match(name, shard);
+}
+
+void save_optimizer_shard(const std::string& path, optim::ShardedOptimizer& optimizer) {
+  NamedTensors tensors = {{"exp_avg", optimizer.exp_avg()}, {"exp_avg_sq", optimizer.exp_avg_sq()}};
+  if (optimizer.has_masters()) tensors.emplace_back("master", optimizer.master());
+  save_safetensors(path, tensors,
+                   {{"format", kFormat},
+                    {"rank", std::to_string(optimizer.sharding().rank)},
+                    {"world_size", std::to_string(optimizer.sharding().world_size)}});
+}
+
+nlohmann::ordered_json optimizer_shards_layout(optim::ShardedOptimizer& optimizer) {
+  const auto& l = optimizer.layout();
+  nlohmann::ordered_json out = {{"format", kFormat},
+                                {"world_size", l.world_size},
+                                {"shard_size", l.shard_size},
+                                {"total", l.total},
+                                {"masters", optimizer.has_masters()},
+                                {"names", optimizer.names()},
+                                {"numels", l.numels},
+                                {"steps", optimizer.steps()}};
+  return out;
+}
+
+void load_optimizer_shards(const std::string& dir, optim::ShardedOptimizer& opt) {
+  const std::string path = dir + "/" + kOptimizerShardsLayout;
+  const auto json = read_json_file(path);
+  const JsonReader r(json, path);
+  if (r.string("format") != kFormat) r.fail("format", "must be \"" + std::string(kFormat) + "\"");
+  const int64_t world = r.integer("world_size", 1, kMaxRanks);
+  const int64_t total = r.integer("total", 0);
+  const int64_t shard = r.integer("shard_size", 0);
+  if (shard != (total + world - 1) / world)
+    r.fail("shard_size", "is not ceil(total / world_size) = " + std::to_string((total + world - 1) / world));
+  const bool masters = r.boolean("masters");
+  const auto numels = r.integers("numels", 0);
+  const auto steps = r.integers("steps", 0);
+  const auto& names = r.raw("names");
+  const auto& l = opt.layout();
+  // The layout must describe this model's trainable tensors, in order.
+  if (!names.is_array() || names.size() != opt.names().size() || numels.size() != opt.names().size() ||
+      steps.size() != opt.names().size())
+    throw bad_input(path, "describes " + std::to_string(names.is_array() ? names.size() : 0) +
+                              " trainable tensors, this model has " + std::to_string(opt.names().size()) +
+                              ": the optimizer state of another model or LoRA layout");
+  for (size_t t = 0; t < opt.names().size(); ++t) {
+    if (!names[t].is_string() || names[t].get<std::string>() != opt.names()[t] || numels[t] != l.numels[t])
+      throw bad_input(path, "tensor " + std::to_string(t) + " is " + describe(names[t]) + " of " +
+                                std::to_string(numels[t]) + " elements, this model's is \"" + opt.names()[t] +
+                                "\" of " + std::to_string(l.numels[t]) + ": the optimizer state of another model");
+  }
+  if (total != l.total) r.fail("total", "is " + std::to_string(total) + ", this model has " + std::to_string(l.total));
+
+  torch::NoGradGuard no_grad;
+  const int64_t rank = opt.sharding().rank;
+  const int64_t b = l.begin(rank), e = l.end(rank);
+  opt.exp_avg().zero_();
+  opt.exp_avg_sq().zero_();
+  for (int64_t old = 0; old < world; ++old) {
+    const int64_t old_b = std::min(total, old * shard), old_e = std::min(total, (old + 1) * shard);
+    const int64_t lo = std::max(b, old_b), hi = std::min(e, old_e);
+    const bool overlaps = lo < hi;
+    // Masters this run does not keep go into the working weights: every old shard is read.
+    const bool into_weights = masters && !opt.has_masters();
+    if (!overlaps && !into_weights) continue;
+    const std::string file = dir + "/" + optimizer_shard_file(old, world);
+    if (!fs::exists(file)) throw bad_input(file, "missing: the layout lists " + std::to_string(world) + " shards");
+    const auto c = load_safetensors(file);
+    if (into_weights) opt.set_flat_params(old_b, shard_tensor(c, file, "master", shard).narrow(0, 0, old_e - old_b));
+    if (!overlaps) continue;
+    const int64_t n = hi - lo;
+    opt.exp_avg().narrow(0, lo - b, n).copy_(shard_tensor(c, file, "exp_avg", shard).narrow(0, lo - old_b, n));
+    opt.exp_avg_sq().narrow(0, lo - b, n).copy_(shard_tensor(c, file, "exp_avg_sq", shard).narrow(0, lo - old_b, n));
+    if (masters && opt.has_masters())
+      opt.master().narrow(0, lo - b, n).copy_(shard_tensor(c, file, "master", shard).narrow(0, lo - old_b, n));
+  }
+  if (!masters && opt.has_masters()) opt.params_to_masters();
+  opt.steps().assign(steps.begin(), steps.end());
+}
+
+}  // namespace gradguard::checkpoint

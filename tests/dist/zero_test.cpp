@@ -1,0 +1,242 @@
+// ZeRO stage 1 end to end: real Gloo ranks started by `gradguard launch` on this CPU.
+// References: the replicated data-parallel run with the same ranks (the same gradient
+// sums, so the weights, the global and the per-layer gradient norms must be bit-identical:
+// sharding changes where the optimizer state lives, not the arithmetic), and one process
+// with the same global batch (equal up to the summation order of the ranks' gradients:
+// a relative norm difference below 1e-6). Also: a resume at another world size (2 -> 1,
+// 2 -> 3) continues as the straight run does, an inf on one rank skips the step on every
+// rank, bf16 weights with float32 masters resume bit for bit, and the combinations that
+// cannot work stop with exit 2 naming the key.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <sstream>
+
+#include <torch/torch.h>
+
+#include "gradguard/checkpoint/safetensors.h"
+#include "test_util.h"
+
+namespace gradguard {
+namespace {
+using ::testing::HasSubstr;
+namespace stdfs = std::filesystem;
+
+class Zero : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* words[] = {"amber", "basil", "cedar", "dune", "ember", "fern", "grove", "heath", "iris", "jade"};
+    std::ostringstream text;
+    uint64_t x = 4242;
+    for (int line = 0; line < 1200; ++line) {
+      for (int k = 0; k < 8; ++k) {
+        x = (x * 1103515245 + 12345) % (1ULL << 31);
+        text << (k ? " " : "") << words[(x >> 16) % 10];
+      }
+      text << ".\n";
+    }
+    test::write_text(dir_.file("corpus.txt"), text.str());
+    auto r = test::run_cli("prepare corpus.txt --out data --val-fraction 0.2", dir_.path());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  // The tiny model, global batch 24 (micro 4), 8 steps, checkpoints at 4 and 8.
+  std::string args(const std::string& run, const std::string& extra = "") const {
+    return "train --config '" + test::source_path("configs/tiny.yaml") +
+           "' --set data.train_path=data/train.bin --set data.val_path=data/val.bin --set run.name=" + run +
+           " --set run.threads=1 --set batch.global_batch=24 --set batch.micro_batch=4 --set schedule.total_steps=8"
+           " --set eval.every=0 --set checkpoint.every=4 --set checkpoint.keep_last=0 --set log.progress=lines"
+           " --set log.every=1000 " + extra;
+  }
+  test::CliResult launch(int ranks, const std::string& a) const {
+    return ranks == 1 ? test::run_cli(a, dir_.path())
+                      : test::run_cli("launch --nproc " + std::to_string(ranks) + " -- " + a, dir_.path());
+  }
+  std::map<std::string, at::Tensor> weights(const std::string& run, int step) const {
+    char name[64];
+    std::snprintf(name, sizeof name, "/checkpoints/step-%07d/model.safetensors", step);
+    return checkpoint::load_safetensors(dir_.file("runs/" + run + name)).tensors;
+  }
+  std::vector<nlohmann::json> steps(const std::string& run) const {
+    std::vector<nlohmann::json> out;
+    for (auto& l : test::read_jsonl(dir_.file("runs/" + run + "/metrics.jsonl")))
+      if (l.contains("loss") && !l.contains("event")) out.push_back(l);
+    return out;
+  }
+  // ||a - b|| / ||a|| over all tensors, in float64.
+  static double relative_difference(const std::map<std::string, at::Tensor>& a,
+                                    const std::map<std::string, at::Tensor>& b) {
+    double diff = 0, norm = 0;
+    for (const auto& [name, t] : a) {
+      const auto x = t.to(torch::kDouble), y = b.at(name).to(torch::kDouble);
+      diff += (x - y).pow(2).sum().item<double>();
+      norm += x.pow(2).sum().item<double>();
+    }
+    return std::sqrt(diff / norm);
+  }
+  // Copies run `from` to `to` without its step-8 checkpoint, so `to` resumes from step 4.
+  void copy_to_step4(const std::string& from, const std::string& to) const {
+    stdfs::copy(dir_.file("runs/" + from), dir_.file("runs/" + to), stdfs::copy_options::recursive);
+    stdfs::remove_all(dir_.file("runs/" + to + "/checkpoints/step-0000008"));
+    test::write_text(dir_.file("runs/" + to + "/checkpoints/latest"), "step-0000004\n");
+  }
+  test::TempDir dir_;
+};
+
+TEST_F(Zero, TwoAndThreeRanksEqualTheReplicatedRunAndOneProcess) {
+  ASSERT_EQ(launch(1, args("single")).exit_code, 0);
+  const auto single = weights("single", 8);
+  for (int ranks : {2, 3}) {
+    const std::string z = "zero" + std::to_string(ranks), r = "replicated" + std::to_string(ranks);
+    auto zr = launch(ranks, args(z, "--set memory.zero_stage=1 --set dist.check_every=1"));
+    ASSERT_EQ(zr.exit_code, 0) << zr.output;
+    EXPECT_THAT(zr.output, HasSubstr("optimizer state sharded (ZeRO-1) over " + std::to_string(ranks) + " ranks"));
+    ASSERT_EQ(launch(ranks, args(r)).exit_code, 0);
+    // Against the replicated run on the same ranks: the same numbers, bit for bit.
+    for (const auto& [name, t] : weights(r, 8)) EXPECT_TRUE(torch::equal(t, weights(z, 8).at(name))) << name;
+    const auto a = steps(r), b = steps(z);
+    ASSERT_EQ(a.size(), 8u);
+    ASSERT_EQ(b.size(), 8u);
+    for (size_t s = 0; s < a.size(); ++s) {
+      EXPECT_EQ(b[s]["grad_norm"], a[s]["grad_norm"]) << "step " << s;
+      EXPECT_EQ(b[s]["layer_grad_norms"], a[s]["layer_grad_norms"]) << "step " << s;
+      EXPECT_EQ(b[s]["loss"], a[s]["loss"]) << "step " << s;
+    }
+    // Against one process: the summation order of the ranks' gradients differs.
+    EXPECT_LT(relative_difference(single, weights(z, 8)), 1e-6) << ranks << " ranks";
+  }
+}
+
+TEST_F(Zero, AResumeAtAnotherWorldSizeContinuesTheRun) {
+  ASSERT_EQ(launch(2, args("two", "--set memory.zero_stage=1")).exit_code, 0);
+  const auto straight = weights("two", 8);
+  // 2 -> 2 is the same arithmetic: bit for bit.
+  copy_to_step4("two", "again");
+  ASSERT_EQ(launch(2, "train --resume runs/again").exit_code, 0);
+  for (const auto& [name, t] : weights("again", 8)) EXPECT_TRUE(torch::equal(t, straight.at(name))) << name;
+  // 2 -> 1 and 2 -> 3: each rank reads its new range out of the old shards.
+  for (int ranks : {1, 3}) {
+    const std::string run = "to" + std::to_string(ranks);
+    copy_to_step4("two", run);
+    auto r = launch(ranks, "train --resume runs/" + run + (ranks == 3 ? " --set batch.micro_batch=2" : ""));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_THAT(r.output, HasSubstr("resumed from"));
+    EXPECT_LT(relative_difference(straight, weights(run, 8)), 1e-6) << ranks << " ranks";
+    EXPECT_TRUE(stdfs::exists(dir_.file("runs/" + run + "/checkpoints/step-0000008/optimizer-shard-00000-of-0000" +
+                                        std::to_string(ranks) + ".safetensors")));
+  }
+}
+
+TEST_F(Zero, AnInfOnOneRankSkipsTheStepOnEveryRank) {
+  // Weights are compared across ranks after every step (dist.check_every=1).
+  auto r = launch(2, args("inf", "--set memory.zero_stage=1 --set dist.check_every=1 "
+                                 "--set guard.inject.nonfinite_steps=[3] --set guard.inject.rank=1"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto s = steps("inf");
+  ASSERT_EQ(s.size(), 8u);
+  for (size_t i = 0; i < s.size(); ++i) EXPECT_EQ(s[i]["skipped"].get<bool>(), i == 3) << "step " << i;
+}
+
+TEST_F(Zero, Bf16WeightsWithMastersResumeBitForBit) {
+  const std::string bf16 = "--set amp.dtype=bf16 --set memory.weights_dtype=bf16";
+  auto r = launch(1, args("bf16", bf16));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("bf16 weights with fp32 masters"));
+  const auto straight = weights("bf16", 8);
+  EXPECT_EQ(straight.begin()->second.scalar_type(), torch::kBFloat16);
+  copy_to_step4("bf16", "bf16b");
+  ASSERT_EQ(launch(1, "train --resume runs/bf16b").exit_code, 0);
+  for (const auto& [name, t] : weights("bf16b", 8)) EXPECT_TRUE(torch::equal(t, straight.at(name))) << name;
+  // The masters are in the checkpoint: float32, one shard.
+  const auto shard = checkpoint::load_safetensors(
+      dir_.file("runs/bf16/checkpoints/step-0000008/optimizer-shard-00000-of-00001.safetensors"));
+  EXPECT_EQ(shard.tensors.at("master").scalar_type(), torch::kFloat);
+}
+
+TEST_F(Zero, ImpossibleCombinationsExitTwoNamingTheKey) {
+  struct Case {
+    int ranks;
+    std::string extra, key;
+  };
+  const std::vector<Case> cases = {
+      {1, "--set memory.weights_dtype=bf16", "memory.weights_dtype"},  // amp.dtype still fp32
+      {2, "--set memory.weights_dtype=bf16 --set amp.dtype=bf16", "memory.weights_dtype"},
+      {1, "--set memory.zero_stage=1 --set optim.name=lamb", "optim.name"},
+      {1, "--set memory.zero_stage=2", "memory.zero_stage"},
+      {2, "--set memory.zero_stage=1 --set optim.update_clipping=true", "optim.update_clipping"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    auto r = launch(cases[i].ranks, args("bad" + std::to_string(i), cases[i].extra));
+    EXPECT_EQ(r.exit_code, 2) << cases[i].extra << "\n" << r.output;
+    EXPECT_THAT(r.output, HasSubstr(cases[i].key)) << cases[i].extra;
+  }
+}
+
+TEST_F(Zero, AResumeWithOtherMemorySettingsIsRefusedAndNothingChanges) {
+  ASSERT_EQ(launch(1, args("plain")).exit_code, 0);
+  copy_to_step4("plain", "switch");
+  const auto before = test::read_text(dir_.file("runs/switch/metrics.jsonl"));
+  auto r = launch(1, "train --resume runs/switch --set memory.zero_stage=1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("memory settings"));
+  EXPECT_EQ(test::read_text(dir_.file("runs/switch/metrics.jsonl")), before);
+  // And the reverse: a sharded checkpoint resumed with the state kept whole.
+  ASSERT_EQ(launch(1, args("sharded", "--set memory.offload_optimizer=true")).exit_code, 0);
+  copy_to_step4("sharded", "back");
+  r = launch(1, "train --resume runs/back --set memory.offload_optimizer=false");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("optimizer_shards.json"));
+}
+
+TEST_F(Zero, RanksRollBackToTheShardsAndTheSnapshotReplays) {
+  // A spike in rank 1's batch at step 25; the only rung is a rollback to step 20, whose
+  // shards every rank reloads. The replicas are compared after every step.
+  auto r = launch(2, args("rb", "--set memory.zero_stage=1 --set schedule.total_steps=32 --set checkpoint.every=10 "
+                                "--set schedule.warmup_steps=5 --set guard.recovery.ladder=[rollback] "
+                                "--set guard.inject.spike_steps=[25] --set guard.inject.rank=1 --set dist.check_every=1"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::string snapshot;
+  int rollbacks = 0;
+  for (auto& l : test::read_jsonl(dir_.file("runs/rb/metrics.jsonl"))) {
+    if (l.value("event", "") == "rollback") {
+      ++rollbacks;
+      EXPECT_EQ(l["to_step"], 20);
+    }
+    if (l.value("event", "") == "recovery" && l["snapshot"].is_string()) snapshot = l["snapshot"].get<std::string>();
+  }
+  EXPECT_EQ(rollbacks, 1);
+  ASSERT_FALSE(snapshot.empty());
+  auto replay = test::run_cli("replay '" + snapshot + "' --top 0", dir_.path());
+  ASSERT_EQ(replay.exit_code, 0) << replay.output;
+  EXPECT_THAT(replay.output, HasSubstr("REPRODUCED"));
+  EXPECT_THAT(replay.output, ::testing::Not(HasSubstr("NOT REPRODUCED")));
+}
+
+TEST_F(Zero, ACorruptShardIsCaughtByTheManifestAndTheResumeFallsBack) {
+  ASSERT_EQ(launch(1, args("corrupt", "--set memory.offload_optimizer=true --set schedule.total_steps=12")).exit_code,
+            0);
+  // Flip one byte of the newest checkpoint's shard: its checksum no longer matches.
+  const std::string shard = dir_.file("runs/corrupt/checkpoints/step-0000012/optimizer-shard-00000-of-00001.safetensors");
+  std::string bytes = test::read_text(shard);
+  bytes[bytes.size() - 3] ^= 0x40;
+  test::write_text(shard, bytes);
+  auto r = launch(1, "train --resume runs/corrupt --set schedule.total_steps=14");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("checksum does not match"));
+  EXPECT_THAT(r.output, HasSubstr("resumed from runs/corrupt/checkpoints/step-0000008"));
+  // A layout file the manifest does not list is not trusted either.
+  const std::string plain_dir = dir_.file("runs/corrupt/checkpoints/step-0000004");
+  stdfs::copy_file(plain_dir + "/optimizer_shards.json", dir_.file("runs/corrupt/checkpoints/copy.json"));
+  ASSERT_EQ(launch(1, args("unsharded")).exit_code, 0);
+  stdfs::copy_file(dir_.file("runs/corrupt/checkpoints/copy.json"),
+                   dir_.file("runs/unsharded/checkpoints/step-0000008/optimizer_shards.json"));
+  r = launch(1, "train --resume runs/unsharded --set schedule.total_steps=10");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("is not listed in the manifest"));
+  EXPECT_THAT(r.output, HasSubstr("resumed from runs/unsharded/checkpoints/step-0000004"));
+}
+
+}  // namespace
+}  // namespace gradguard
