@@ -108,10 +108,6 @@ ShardedOptimizer::ShardedOptimizer(const NamedParameters& params, const OptimOpt
   }
   if (sharding_.world_size > 1) {
     for (int64_t r = 0; r < sharding_.world_size; ++r) rank_segments_.push_back(layout_.segments(r));
-    const int64_t elem = c10::elementSize(work_dtype);
-    const int64_t chunk = std::max<int64_t>(1, std::min(layout_.shard_size, sharding_.gather_chunk_bytes / elem));
-    send_ = torch::zeros({chunk}, torch::TensorOptions().dtype(work_dtype).device(device));
-    for (int64_t r = 0; r < sharding_.world_size; ++r) gathered_.push_back(torch::empty_like(send_));
   }
 }
 
@@ -175,8 +171,17 @@ void ShardedOptimizer::gather() {
   if (sharding_.world_size == 1) return;
   torch::NoGradGuard no_grad;
   // In chunks of the shard, so the buffers stay small next to what sharding saves: the
-  // send buffer and one receive buffer per rank, each at most sharding_.gather_chunk_bytes.
-  const int64_t S = layout_.shard_size, chunk = send_.numel();
+  // send buffer and one receive buffer per rank, each at most gather_chunk_bytes. They
+  // live for this call only: after backward, when the activations are gone, so they do
+  // not add to the step's peak.
+  const int64_t S = layout_.shard_size;
+  if (S == 0) return;
+  const auto& p0 = params_[0];
+  const int64_t chunk =
+      std::max<int64_t>(1, std::min(S, sharding_.gather_chunk_bytes / static_cast<int64_t>(p0.element_size())));
+  const at::Tensor send = torch::empty({chunk}, p0.options().requires_grad(false));
+  std::vector<at::Tensor> gathered;
+  for (int64_t r = 0; r < sharding_.world_size; ++r) gathered.push_back(torch::empty_like(send));
   for (int64_t c = 0; c < S; c += chunk) {
     const int64_t n = std::min(chunk, S - c);
     // Copies between rank `r`'s segments and a buffer holding its shard's [c, c + n).
@@ -186,11 +191,11 @@ void ShardedOptimizer::gather() {
         if (lo < hi) copy(flat(params_[s.tensor]).narrow(0, s.offset + (lo - s.shard_offset), hi - lo), lo - c, hi - lo);
       }
     };
-    auto send = send_.narrow(0, 0, n);
-    each_piece(sharding_.rank, [&](const at::Tensor& w, int64_t at, int64_t len) { send.narrow(0, at, len).copy_(w); });
+    auto part = send.narrow(0, 0, n);
+    each_piece(sharding_.rank, [&](const at::Tensor& w, int64_t at, int64_t len) { part.narrow(0, at, len).copy_(w); });
     std::vector<at::Tensor> outputs;
-    for (auto& g : gathered_) outputs.push_back(g.narrow(0, 0, n));
-    all_gather_(send, outputs);
+    for (auto& g : gathered) outputs.push_back(g.narrow(0, 0, n));
+    all_gather_(part, outputs);
     for (int64_t r = 0; r < sharding_.world_size; ++r) {
       if (r == sharding_.rank) continue;
       each_piece(r, [&](at::Tensor w, int64_t at, int64_t len) { w.copy_(outputs[r].narrow(0, at, len)); });

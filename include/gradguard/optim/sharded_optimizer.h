@@ -3,8 +3,9 @@
 // for low-precision working weights (mixed precision, Micikevicius et al. 2017) and with
 // that state in host memory (ZeRO-Offload, Ren et al. 2021).
 //
-// The all-gather runs in chunks of at most 32 MiB per buffer (gather_chunk_bytes), so its buffers ((W + 1)
-// chunks) stay small next to the state sharding saves.
+// The all-gather runs in chunks of at most 4 MiB per buffer (gather_chunk_bytes): its
+// W + 1 buffers exist only while it runs and stay small next to what sharding saves
+// (bench/results/zero_memory.md: 32 MiB chunks ate most of the saving on a 32M model).
 //
 // Layout. The trainable tensors, in parameter order, are laid end to end: P elements.
 // Every rank owns the same number S = ceil(P / W) of them (W ranks); rank r owns the
@@ -80,7 +81,7 @@ struct ShardingOptions {
   bool master_weights = false;  // float32 masters (forced on with offload: the host keeps the weights)
   bool offload = false;         // moments and masters in host memory
   AdamWKernel kernel = AdamWKernel::foreach;
-  int64_t gather_chunk_bytes = int64_t{32} << 20;  // largest all-gather buffer (send; receive per rank)
+  int64_t gather_chunk_bytes = int64_t{4} << 20;  // largest all-gather buffer (send; receive per rank)
 };
 
 class ShardedOptimizer : public torch::optim::Optimizer {
@@ -142,8 +143,6 @@ class ShardedOptimizer : public torch::optim::Optimizer {
   std::vector<ShardLayout::Segment> segments_;  // this rank's, in flat order
   at::Tensor exp_avg_, exp_avg_sq_, master_;    // [S] float32 on the state device
   std::vector<std::vector<ShardLayout::Segment>> rank_segments_;  // [rank] its segments (several ranks)
-  at::Tensor send_;                             // [chunk] working dtype, the all-gather's input
-  std::vector<at::Tensor> gathered_;            // [rank] [chunk] its output
 };
 
 }  // namespace gradguard::optim
