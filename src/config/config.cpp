@@ -378,11 +378,9 @@ void Config::validate_memory(int64_t world_size) const {
     throw bad_input("memory.weights_dtype", std::string(name_of(m.weights_dtype)) +
                                                 " weights compute in that dtype: set amp.dtype to " +
                                                 name_of(m.weights_dtype) + " too (it is " + name_of(amp.dtype) + ")");
-  if (low_precision && world_size > 1)
-    throw bad_input("memory.weights_dtype",
-                    std::string(name_of(m.weights_dtype)) + " weights on " + std::to_string(world_size) +
-                        " ranks: the gradient reduction is float32 only for now; keep fp32 weights (amp.dtype " +
-                        name_of(m.weights_dtype) + " still computes in it) or run one process");
+  if (low_precision && world_size > 1 && dist.hook == dist::CommHook::kPowerSgd)
+    throw bad_input("dist.hook", std::string("powersgd needs float32 gradients; with memory.weights_dtype ") +
+                                     name_of(m.weights_dtype) + " use none (summed in float32) or bf16");
   if (m.sharded_optimizer() && optim.name != optim::OptimizerKind::kAdamW &&
       optim.name != optim::OptimizerKind::kAdamAtan2)
     throw bad_input("optim.name", std::string(name_of(optim.name)) +

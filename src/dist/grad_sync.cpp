@@ -115,13 +115,22 @@ GradSync::GradSync(std::vector<at::Tensor> params, Communicator& comm, const Dis
   // fp16, and bf16 where the backend can sum it: divide by the world size, cast, sum.
   if (options_.hook == CommHook::kFp16) scaled_wire_ = torch::kHalf;
   if (options_.hook == CommHook::kBf16 && comm_.sums_bf16()) scaled_wire_ = torch::kBFloat16;
-  const auto opts = params_[0].options().dtype(torch::kFloat).requires_grad(false);
+  // The buckets hold the gradients in the parameters' dtype (autograd accumulates into
+  // .grad in that dtype): float32, or bf16/fp16 working weights (memory.weights_dtype).
+  const auto dtype = params_[0].scalar_type();
   for (const auto& p : params_)
-    if (p.scalar_type() != torch::kFloat)
-      throw runtime_error("dist", "data-parallel training needs float32 parameters (autocast keeps them so)");
+    if (p.scalar_type() != dtype ||
+        (dtype != torch::kFloat && dtype != torch::kBFloat16 && dtype != torch::kHalf))
+      throw runtime_error("dist", "data-parallel training needs every parameter in one of float32, bfloat16, "
+                                  "float16");
+  if (dtype != torch::kFloat && options_.hook == CommHook::kPowerSgd)
+    throw bad_input("dist.hook", "powersgd needs float32 gradients; with bf16/fp16 weights use none (float32 "
+                                 "sum) or bf16");
+  const auto opts = params_[0].options().requires_grad(false);
 
   // Buckets in reverse parameter order, closed once they reach bucket_mb.
-  const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(options_.bucket_mb * kMiB / 4));
+  const int64_t cap =
+      std::max<int64_t>(1, static_cast<int64_t>(options_.bucket_mb * kMiB / c10::elementSize(dtype)));
   bucket_of_.assign(params_.size(), 0);
   std::vector<std::vector<size_t>> groups(1);
   int64_t filled = 0;
@@ -133,7 +142,9 @@ GradSync::GradSync(std::vector<at::Tensor> params, Communicator& comm, const Dis
     groups.back().push_back(k);
     filled += params_[k].numel();
   }
-  const bool side_in_bucket = options_.hook == CommHook::kNone && side_slots_ > 0;
+  // The side values (the loss, ...) ride in a float32 bucket; next to low-precision
+  // gradients they travel on their own so that they are not rounded.
+  const bool side_in_bucket = options_.hook == CommHook::kNone && side_slots_ > 0 && dtype == torch::kFloat;
   for (size_t b = 0; b < groups.size(); ++b) {
     auto bucket = std::make_unique<Bucket>();
     bucket->tensors = groups[b];
@@ -251,6 +262,11 @@ void GradSync::launch(size_t b) {
     B.copy_plain(/*to_rest=*/true);
     B.work = comm_.allreduce_sum_async(B.p_buffer, what + " [PowerSGD P]");
     B.rest_work = comm_.allreduce_sum_async(B.rest, what + " [uncompressed part]");
+  } else if (B.buffer.scalar_type() != torch::kFloat) {
+    // Low-precision gradients summed in float32 (one rounding, at the end). Gloo has no
+    // bf16 sum at all.
+    B.wire = B.buffer.to(torch::kFloat);
+    B.work = comm_.allreduce_sum_async(B.wire, what);
   } else {
     B.work = comm_.allreduce_sum_async(B.buffer, what);
   }
@@ -268,11 +284,13 @@ at::Tensor GradSync::finish() {
     auto& B = *bp;
     B.work.wait();
     if (scaled_wire_) {
-      B.buffer.copy_(B.wire.to(torch::kFloat)).mul_(world);
+      B.buffer.copy_(B.wire.to(torch::kFloat).mul_(world));
     } else if (options_.hook == CommHook::kBf16) {
       auto sum = B.gathered[0].view(torch::kBFloat16).to(torch::kFloat);
       for (size_t r = 1; r < B.gathered.size(); ++r) sum.add_(B.gathered[r].view(torch::kBFloat16).to(torch::kFloat));
       B.buffer.copy_(sum);
+    } else if (B.buffer.scalar_type() != torch::kFloat && !B.powersgd) {
+      B.buffer.copy_(B.wire);
     } else if (B.powersgd) {
       B.rest_work.wait();
       B.copy_plain(/*to_rest=*/false);
@@ -316,7 +334,8 @@ void broadcast_parameters(Communicator& comm, const std::vector<at::Tensor>& par
   std::vector<at::Tensor> flat;
   for (const auto& p : params) flat.push_back(p.detach().reshape({-1}));
   auto buffer = torch::cat(flat);
-  comm.broadcast({buffer}, "parameter broadcast from rank 0");
+  // As bytes: Gloo has no bfloat16, and a broadcast needs no arithmetic.
+  comm.broadcast({buffer.view(torch::kByte)}, "parameter broadcast from rank 0");
   int64_t at = 0;
   for (const auto& p : params) {
     p.detach().copy_(buffer.narrow(0, at, p.numel()).view(p.sizes()));
@@ -328,7 +347,10 @@ void verify_parameters(Communicator& comm, const std::vector<at::Tensor>& params
                        const std::vector<std::string>& names, int64_t step) {
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> sums;  // [tensor] integer sum of the float bits: exact, order-free
-  for (const auto& p : params) sums.push_back(p.detach().contiguous().view(torch::kInt).to(torch::kLong).sum());
+  for (const auto& p : params) {
+    const auto bits = p.detach().contiguous().view(p.element_size() == 2 ? torch::kShort : torch::kInt);
+    sums.push_back(bits.to(torch::kLong).sum());
+  }
   auto local = torch::stack(sums);  // on the parameters' device: NCCL reduces device tensors only
   auto both = torch::cat({local, -local});
   comm.allreduce_max(both, "parameter checksum (step " + std::to_string(step) + ")");

@@ -334,17 +334,20 @@ void Trainer::State::build() {
   optim::OptimOptions optim_options = c.optim;
   optim_options.lr = peak_lr;
   if (c.memory.sharded_optimizer()) {
-    optim::ShardingOptions sh;
-    sh.rank = env.rank;
-    sh.world_size = env.world_size;
+    optim::ShardingOptions sh;  // zero_stage 0: every rank keeps the whole state (masters, offload)
+    sh.rank = c.memory.zero_stage > 0 ? env.rank : 0;
+    sh.world_size = c.memory.zero_stage > 0 ? env.world_size : 1;
     sh.master_weights = c.memory.weights_dtype != amp::AmpDtype::kFp32 && c.memory.master_weights;
     sh.offload = c.memory.offload_optimizer;
     const bool variant = c.optim.name == optim::OptimizerKind::kAdamAtan2 || c.optim.update_clipping;
     sh.kernel = variant ? optim::AdamWKernel::foreach : optim::resolve_adamw_kernel(c.optim.implementation, device);
     optim::AllGather gather;
-    if (comm) {
+    if (comm && sh.world_size > 1) {
+      // As bytes: the all-gather does no arithmetic, and Gloo has no bfloat16.
       gather = [this](const at::Tensor& mine, std::vector<at::Tensor>& all) {
-        comm->allgather_async(mine, all, "optimizer all-gather").wait();
+        std::vector<at::Tensor> bytes;
+        for (auto& t : all) bytes.push_back(t.view(torch::kByte));
+        comm->allgather_async(mine.view(torch::kByte), bytes, "optimizer all-gather").wait();
       };
     }
     auto opt = std::make_unique<optim::ShardedOptimizer>(named, optim_options, sh, std::move(gather));
@@ -423,10 +426,13 @@ std::string Trainer::State::save(int64_t steps_done, bool periodic) {
       std::snprintf(name, sizeof name, ".shards-step-%07lld", static_cast<long long>(steps_done));
       staging = stdfs::path(run.checkpoints()) / name;
       std::exception_ptr failure;
+      const auto& sh = sharded->sharding();
       try {
         stdfs::create_directories(staging);
-        const auto own = staging / checkpoint::optimizer_shard_file(env.rank, env.world_size);
-        checkpoint::save_optimizer_shard(own.string(), *sharded);
+        // Whole state on every rank (zero_stage 0): rank 0's copy is the checkpoint's.
+        if (sh.world_size > 1 || main_rank())
+          checkpoint::save_optimizer_shard((staging / checkpoint::optimizer_shard_file(sh.rank, sh.world_size)).string(),
+                                           *sharded);
         if (main_rank())
           fs::write_file_atomic((staging / checkpoint::kOptimizerShardsLayout).string(),
                                 checkpoint::optimizer_shards_layout(*sharded).dump(1) + "\n");
@@ -439,8 +445,8 @@ std::string Trainer::State::save(int64_t steps_done, bool periodic) {
       agree("checkpoint shards", failure);
       if (!main_rank()) return "";
       shard_files.push_back((staging / checkpoint::kOptimizerShardsLayout).string());
-      for (int64_t r = 0; r < env.world_size; ++r)
-        shard_files.push_back((staging / checkpoint::optimizer_shard_file(r, env.world_size)).string());
+      for (int64_t r = 0; r < sh.world_size; ++r)
+        shard_files.push_back((staging / checkpoint::optimizer_shard_file(r, sh.world_size)).string());
     }
     if (!main_rank()) return "";
     auto dir = checkpoint::save_checkpoint(run.checkpoints(), steps_done, *model, *optimizer,

@@ -271,11 +271,13 @@ std::vector<std::string> Trainer::State::header(int64_t parameters) const {
       return std::string(b);
     };
     char msg[320];
-    std::snprintf(msg, sizeof msg, "memory: %s weights%s, optimizer state %s over %lld rank%s%s: %s on this rank (%s whole)",
-                  name_of(c.memory.weights_dtype), sharded->has_masters() ? " with fp32 masters" : "",
-                  c.memory.zero_stage > 0 ? "sharded (ZeRO-1)" : "whole", (long long)l.world_size,
-                  l.world_size == 1 ? "" : "s", c.memory.offload_optimizer ? " in host memory" : "",
-                  size(sharded->state_bytes()).c_str(), size(replicated).c_str());
+    const std::string where = c.memory.zero_stage > 0
+                                  ? "sharded (ZeRO-1) over " + std::to_string(l.world_size) + " ranks"
+                                  : std::string("whole on each rank");
+    std::snprintf(msg, sizeof msg, "memory: %s weights%s, optimizer state %s%s: %s on this rank (%s whole)",
+                  name_of(c.memory.weights_dtype), sharded->has_masters() ? " with fp32 masters" : "", where.c_str(),
+                  c.memory.offload_optimizer ? " in host memory" : "", size(sharded->state_bytes()).c_str(),
+                  size(replicated).c_str());
     out.push_back(msg);
   }
   if (peak_lr != c.optim.lr) {

@@ -6,6 +6,7 @@
 // (GlooCpu) and, in a CUDA/ROCm build on a machine with a GPU, on NCCL and the GPU
 // (NcclGpu; skipped elsewhere). Two-rank behaviour is tested end to end in
 // data_parallel_test.cpp.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -201,6 +202,37 @@ TEST_P(GradSyncTest, ParameterChecksumsAgreeOnOneRank) {
   for (const auto& item : net_->named_parameters()) names.push_back(item.key());
   dist::broadcast_parameters(comm, params_);
   EXPECT_NO_THROW(dist::verify_parameters(comm, params_, names, 0));
+}
+
+TEST_P(GradSyncTest, Bf16GradientsAreSummedInFloat32AndTheSideValuesAreNotRounded) {
+  // memory.weights_dtype bf16: the buckets hold bf16 gradients; on one rank the float32
+  // sum is the identity, so .grad equals the plain bf16 accumulation bit for bit, and the
+  // side vector (travelling on its own, in float32) keeps 2.5 + 2^-20, which bf16 would round.
+  net_->to(torch::kBFloat16);
+  const auto ref = reference();
+  dist::DistOptions options;
+  dist::Communicator comm(env_, options, device_);
+  {
+    dist::GradSync sync(params_, comm, options, 2);
+    sync.begin_step(0);
+    train::accumulate(*net_, batches_, 48, amp_, device_, 1.0, false, [&](const train::Accumulation& a) {
+      sync.arm(torch::stack({a.loss.to(torch::kFloat), torch::tensor(2.5f + 0x1p-20f, a.loss.options().dtype(torch::kFloat))}));
+    });
+    const auto side = sync.finish();
+    for (size_t k = 0; k < params_.size(); ++k) {
+      EXPECT_EQ(params_[k].grad().scalar_type(), torch::kBFloat16);
+      EXPECT_TRUE(torch::equal(params_[k].grad(), ref[k])) << k;
+    }
+    EXPECT_EQ(side.scalar_type(), torch::kFloat);
+    EXPECT_EQ(side[1].item<float>(), 2.5f + 0x1p-20f);
+  }
+  // The replicas' checksums read 2-byte weights too; powersgd needs float32.
+  std::vector<std::string> names;
+  for (const auto& item : net_->named_parameters()) names.push_back(item.key());
+  EXPECT_NO_THROW(dist::verify_parameters(comm, params_, names, 0));
+  options.hook = dist::CommHook::kPowerSgd;
+  EXPECT_THAT(test::bad_input_message([&] { dist::GradSync(params_, comm, options, 2); }),
+              ::testing::HasSubstr("powersgd needs float32"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backend, GradSyncTest, ::testing::Values("GlooCpu", "NcclGpu"),

@@ -31,6 +31,9 @@
 //             e = M - P Q^T / world_size. Q is warm-started from the previous step and
 //             seeded identically on every rank. Vectors, and matrices too small to gain,
 //             go uncompressed. Before powersgd_start_step: plain all-reduce.
+// Gradients of bf16/fp16 working weights (memory.weights_dtype) are bucketed in that dtype;
+// with hook none they are summed in float32 (each bucket widened, all-reduced, rounded
+// back once), with fp16/bf16 as above; powersgd needs float32 and is refused.
 // Non-finite values survive every hook (inf/NaN in any rank's gradient make the sum
 // non-finite on all ranks), so every rank takes the same skip decision.
 #pragma once
@@ -49,7 +52,7 @@ namespace gradguard::dist {
 
 class GradSync {
  public:
-  // `params` [tensor] must all be float32 on one device. `side_slots`: length of the
+  // `params` [tensor] must share one dtype (float32, bfloat16 or float16) and device. `side_slots`: length of the
   // float32 side vector summed along with the gradients each step (0 = none).
   GradSync(std::vector<at::Tensor> params, Communicator& comm, const DistOptions& options, int64_t side_slots);
   ~GradSync();

@@ -33,8 +33,7 @@
 //
 // Limits, refused where the configuration is read (config/config.cpp): LAMB and LARS
 // (their trust ratio needs whole tensors), update clipping with more than one rank (its
-// RMS is per tensor); low-precision weights with more than one rank (the gradient
-// reduction is float32 only).
+// RMS is per tensor).
 #pragma once
 
 #include <cstdint>
