@@ -21,5 +21,6 @@ void add_report_command(CLI::App& app, Action& action);
 void add_doctor_command(CLI::App& app, Action& action);
 void add_tune_command(CLI::App& app, Action& action);
 void add_tokenize_command(CLI::App& app, Action& action);
+void add_plan_command(CLI::App& app, Action& action);
 
 }  // namespace gradguard::cli

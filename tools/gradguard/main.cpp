@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   gradguard::cli::add_report_command(app, action);
   gradguard::cli::add_doctor_command(app, action);
   gradguard::cli::add_tune_command(app, action);
+  gradguard::cli::add_plan_command(app, action);
   gradguard::cli::add_tokenize_command(app, action);
   try {
     app.parse(argc, argv);

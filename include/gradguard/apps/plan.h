@@ -1,0 +1,116 @@
+// `gradguard plan`: how much memory a run needs per GPU, whether it fits a device, and
+// which micro-batch x accumulation reaches a target global batch -- before any GPU time
+// is spent. Pure arithmetic over the model's shapes and the run's layout, no tensors.
+//
+// Per rank (W ranks; P parameters, Pt of them trained; w bytes per working weight):
+//   weights      P w
+//   gradients    Pt w                         (the flat buckets .grad points into)
+//   optimizer    Pt (2 s + 4 m) / d           AdamW's m and v (s = 4 with masters or fp32
+//                                              weights, else w) and float32 masters (m = 1
+//                                              when kept); d = W with zero_stage 1, else 1;
+//                                              in host memory with offload_optimizer
+//   activations  per micro-batch: what autograd keeps for backward, counted from this
+//                implementation's layer (model/llama.cpp) per token and layer:
+//                  r (2 h)                       the two RMSNorm inputs (residual stream, r bytes)
+//                  c (2 h + 2 q + 2 kv + 3 i)    normed inputs of attention and MLP, q scaled,
+//                                                k and v, o_proj's input, gate, up, gate x up
+//                  c (2 (4 + c) h / c + i)      without the CPU's fused float32 kernels: the
+//                                                RMSNorms' float32 internals and silu(gate)
+//                times 1.3, measured: what the count misses (reshape and cast copies,
+//                autograd's buffers); then
+//                  2 c H T                       the score matrices of matmul attention (a
+//                                                fused kernel keeps 4 H bytes instead)
+//                with q = heads x head_dim, kv = kv_heads x head_dim, c the compute dtype's
+//                bytes; with activation checkpointing each layer keeps r h per token and
+//                one layer at a time is recomputed. Plus one layer's worth for backward's
+//                working set.
+//   logits       b T V (c + 8)                logits, float32 log-probabilities and their gradient
+//   step         the optimizer step after backward: AdamW's sqrt(v) temporary (Pt s / d;
+//                none with a fused AdamW kernel), the all-gather's chunks and, offloaded,
+//                the gradient copied to the host; the peak is the larger of backward and step
+//   buffers      GPUs: 1 GiB (runtime context) + 5% of the rest (allocator fragmentation)
+// The CPU check of these numbers (bench/plan_check.py, docs/memory.md) compares the
+// total with the measured peak RSS of real runs, the process's runtime measured apart.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "gradguard/amp/precision.h"
+#include "gradguard/model/llama.h"
+#include "gradguard/model/lora.h"
+#include "gradguard/optim/memory_options.h"
+
+namespace gradguard::config {
+struct Config;
+}
+
+namespace gradguard::plan {
+
+// A device with its memory; `--memory GB` makes one named "custom".
+struct Device {
+  std::string name;
+  double memory_gb = 0;  // decimal GB (1e9 bytes), as vendors state it
+};
+const std::vector<Device>& known_devices();  // mi210, mi250x, a100, h100, h200
+// Throws gradguard::Error (bad input, "--device") naming the known ones.
+Device find_device(const std::string& name);
+
+struct PlanInputs {
+  model::LlamaOptions model;
+  model::LoraOptions lora;
+  optim::MemoryOptions memory;
+  amp::AmpDtype amp = amp::AmpDtype::kFp32;
+  int64_t ranks = 1;              // GPUs (data-parallel ranks)
+  int64_t seq_len = 1024;
+  int64_t micro_batch = 1;
+  int64_t global_batch = 0;       // sequences per step to reach; 0 = micro_batch x ranks
+  bool fused_attention = true;    // a fused SDPA kernel (LibTorch >= 2.1): no T x T probabilities
+  bool fused_adamw = true;        // a fused AdamW kernel (LibTorch >= 2.0 on GPUs): no sqrt(v) temporary
+  bool gpu = true;                // add the GPU runtime and allocator buffers
+  // For CPU processes of this build: its attention and AdamW kernels, no GPU buffers.
+  void for_this_cpu();
+  static PlanInputs from_config(const config::Config& c, int64_t ranks);
+};
+
+struct MemoryEstimate {
+  int64_t parameters = 0, trainable = 0;
+  // Bytes per rank.
+  double weights = 0, gradients = 0, optimizer = 0, activations = 0, logits = 0, step = 0, buffers = 0;
+  double optimizer_host = 0;  // offloaded state, host memory per rank
+  double total = 0;           // the peak: weights + gradients + optimizer + max(activations + logits, step) + buffers
+};
+
+// Parameters of `model` with LoRA adapters of `lora` (trainable: all, or the adapters).
+void count_parameters(const model::LlamaOptions& model, const model::LoraOptions& lora, int64_t* total,
+                      int64_t* trainable);
+
+MemoryEstimate estimate(const PlanInputs& in);
+
+// The largest micro-batch (a power of two dividing global_batch / ranks) whose estimate
+// fits `bytes`, first without activation checkpointing, then with it.
+struct Suggestion {
+  bool fits = false;
+  int64_t micro_batch = 0, accum_steps = 0;
+  bool checkpointing = false;
+  MemoryEstimate estimate;
+};
+Suggestion suggest(PlanInputs in, double bytes);
+
+// The layouts `plan` compares for a model (replicated fp32 ... LoRA on a bf16 base), each
+// with its suggestion for `bytes` per device.
+struct LayoutRow {
+  std::string name;
+  PlanInputs inputs;
+  Suggestion suggestion;
+};
+std::vector<LayoutRow> compare_layouts(const PlanInputs& base, double bytes);
+
+// The report `gradguard plan` prints, and its JSON.
+std::string render(const PlanInputs& in, const Device& device);
+nlohmann::ordered_json to_json(const PlanInputs& in, const Device& device);
+
+}  // namespace gradguard::plan

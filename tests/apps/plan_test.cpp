@@ -1,0 +1,189 @@
+// `gradguard plan`: parameter counts against the model the trainer builds, each memory
+// term against its arithmetic (the ZeRO paper's bytes per parameter, arXiv 1910.02054 §3),
+// the micro-batch search, the committed golden report for Llama-2-7B on 2 x MI210 (32 and
+// 64 GB) at global batch 4096 x 2048 tokens, and the CLI's errors. How close the estimate
+// comes to measured peaks is bench/plan_check.py's job (docs/memory.md records it).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include <nlohmann/json.hpp>
+
+#include "gradguard/apps/plan.h"
+#include "gradguard/core/error.h"
+#include "gradguard/model/llama.h"
+#include "gradguard/model/lora.h"
+#include "test_util.h"
+
+namespace gradguard::plan {
+namespace {
+using ::testing::HasSubstr;
+
+model::LlamaOptions tiny() {
+  model::LlamaOptions o;
+  o.vocab_size = 96, o.hidden_size = 32, o.intermediate_size = 80, o.num_layers = 3, o.num_heads = 4;
+  o.num_kv_heads = 2, o.max_seq_len = 64;
+  return o;
+}
+
+TEST(Plan, ParameterCountsEqualTheBuiltModel) {
+  using T = model::LoraTarget;
+  std::vector<std::pair<model::LlamaOptions, model::LoraOptions>> cases;
+  auto o = tiny();
+  cases.push_back({o, {}});
+  o.tie_embeddings = true, o.attention_bias = true, o.mlp_bias = true, o.head_dim = 16;
+  cases.push_back({o, {}});
+  auto qwen3 = tiny();
+  qwen3.qk_norm = true;
+  cases.push_back({qwen3, {}});
+  auto q = tiny();
+  q.qkv_bias = true;
+  model::LoraOptions lora;
+  lora.rank = 4;
+  lora.targets = {T::kQ, T::kK, T::kV, T::kO, T::kGate, T::kUp, T::kDown};
+  cases.push_back({q, lora});
+  for (const auto& [m, l] : cases) {
+    model::LlamaForCausalLM net(m);
+    if (l.enabled()) model::add_lora(*net, l);
+    int64_t total = 0, trainable = 0;
+    count_parameters(m, l, &total, &trainable);
+    EXPECT_EQ(total, model::count_parameters(*net));
+    EXPECT_EQ(trainable, model::count_trainable_parameters(*net));
+  }
+}
+
+TEST(Plan, EachLayoutHoldsTheBytesTheArithmeticSays) {
+  PlanInputs in;
+  in.model = tiny();
+  in.ranks = 3;
+  in.gpu = false;
+  int64_t P = 0, Pt = 0;
+  count_parameters(in.model, in.lora, &P, &Pt);
+  const double shard = std::ceil(P / 3.0);
+  // fp32, replicated: 4 + 4 + 8 bytes per parameter.
+  auto e = estimate(in);
+  EXPECT_EQ(e.weights, 4.0 * P);
+  EXPECT_EQ(e.gradients, 4.0 * P);
+  EXPECT_EQ(e.optimizer, 8.0 * P);
+  EXPECT_EQ(e.buffers, 0.0);
+  // ZeRO-1: the moments of ceil(P / 3).
+  in.memory.zero_stage = 1;
+  EXPECT_EQ(estimate(in).optimizer, 8 * shard);
+  // bf16 weights + fp32 masters: 2 + 2 + 12 / 3.
+  in.memory.weights_dtype = amp::AmpDtype::kBf16;
+  in.amp = amp::AmpDtype::kBf16;
+  e = estimate(in);
+  EXPECT_EQ(e.weights, 2.0 * P);
+  EXPECT_EQ(e.optimizer, 12 * shard);
+  // Pure bf16 (no masters): moments in bf16.
+  in.memory.master_weights = false;
+  EXPECT_EQ(estimate(in).optimizer, 4 * shard);
+  // Offload: nothing on the device, the same state in host memory.
+  in.memory.master_weights = true;
+  in.memory.offload_optimizer = true;
+  e = estimate(in);
+  EXPECT_EQ(e.optimizer, 0.0);
+  EXPECT_EQ(e.optimizer_host, 12 * shard);
+  // On a GPU the runtime's 1 GiB and 5% for the allocator come on top.
+  in.gpu = true;
+  e = estimate(in);
+  EXPECT_NEAR(e.buffers, 1024.0 * 1024 * 1024 + 0.05 * (e.total - e.buffers), 1.0);
+}
+
+TEST(Plan, ActivationsGrowWithTokensAndCheckpointingKeepsOnlyLayerInputs) {
+  PlanInputs in;
+  in.model = tiny();
+  in.model.num_layers = 12;
+  in.seq_len = 64;
+  in.micro_batch = 1;
+  const double one = estimate(in).activations;
+  in.micro_batch = 4;
+  EXPECT_NEAR(estimate(in).activations, 4 * one, 1e-6 * one);
+  const double full = estimate(in).activations;
+  in.model.activation_checkpointing = true;
+  EXPECT_LT(estimate(in).activations, full / 2);
+  // Matmul attention keeps T x T scores: quadratic in the sequence.
+  in.model.activation_checkpointing = false;
+  in.fused_attention = false;
+  const double matmul = estimate(in).activations;
+  EXPECT_GT(matmul, full);
+}
+
+TEST(Plan, SuggestionTakesTheLargestMicroBatchThatFits) {
+  PlanInputs in;
+  in.model = tiny();
+  in.seq_len = 64;
+  in.ranks = 2;
+  in.global_batch = 64;  // 32 per rank
+  in.gpu = false;
+  // Room for micro-batch 8 but not 16 without checkpointing.
+  in.micro_batch = 8;
+  const double room = estimate(in).total + 1;
+  auto s = suggest(in, room);
+  ASSERT_TRUE(s.fits);
+  EXPECT_EQ(s.micro_batch, 8);
+  EXPECT_EQ(s.accum_steps, 4);
+  EXPECT_FALSE(s.checkpointing);
+  // Less room than micro 1 without checkpointing: checkpointing on.
+  in.micro_batch = 1;
+  const double tight = estimate(in).total - 1;
+  s = suggest(in, tight);
+  if (s.fits) EXPECT_TRUE(s.checkpointing);
+  // No room at all, and a global batch that does not divide over the ranks.
+  EXPECT_FALSE(suggest(in, 1).fits);
+  in.global_batch = 63;
+  EXPECT_FALSE(suggest(in, 1e12).fits);
+}
+
+TEST(Plan, GoldenLlama2_7bOnTwoMi210) {
+  // Regenerate with the command in tests/golden/README.md after a deliberate change.
+  for (const char* gb : {"64", "32"}) {
+    auto r = test::run_cli(std::string("plan --model '") + test::source_path("tests/golden/llama2_7b") +
+                           "' --gpus 2 --device mi210 --memory " + gb +
+                           " --global-batch 4096 --seq 2048 --micro 1 --set amp.dtype=bf16 --set data.seq_len=2048"
+                           " --set model.max_seq_len=4096");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output, test::read_text(test::source_path(std::string("tests/golden/plan/llama2_7b_2x_mi210_") + gb +
+                                                          "gb.txt")))
+        << gb << " GB";
+  }
+  // What the golden says, in words: on 64 GB only offload and LoRA fit, on 32 GB only LoRA.
+  const auto at64 = test::read_text(test::source_path("tests/golden/plan/llama2_7b_2x_mi210_64gb.txt"));
+  EXPECT_THAT(at64, HasSubstr("| bf16 + fp32 masters, ZeRO-1, offload | 27.0 | 0.0 (40.4) |"));
+  EXPECT_THAT(at64, HasSubstr("| bf16 + fp32 masters, ZeRO-1 | 27.0 | 40.4 | - | - |"));
+}
+
+TEST(Plan, JsonCarriesEveryTerm) {
+  auto r = test::run_cli("plan --json --gpus 2 --device h100");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["device"], "h100");
+  EXPECT_EQ(j["device_bytes"].get<double>(), 80e9);
+  for (const char* k : {"weights", "gradients", "optimizer", "activations", "logits", "step", "buffers", "total"})
+    EXPECT_TRUE(j["estimate"].contains(k)) << k;
+  EXPECT_EQ(j["layouts"].size(), 6u);
+}
+
+TEST(Plan, BadArgumentsExitTwoNamingThem) {
+  struct Case {
+    std::string args, what;
+  };
+  const std::vector<Case> cases = {
+      {"plan --device mi300", "--device"},
+      {"plan --gpus 0", "--gpus"},
+      {"plan --memory -3", "--memory"},
+      {"plan --gpus 3 --global-batch 64", "--global-batch"},
+      {"plan --seq 0", "--seq"},
+      {"plan --model /nonexistent/model", "/nonexistent/model"},
+      {"plan --set memory.zero_stage=5", "memory.zero_stage"},
+  };
+  for (const auto& c : cases) {
+    auto r = test::run_cli(c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;
+    EXPECT_THAT(r.output, HasSubstr(c.what)) << c.args;
+  }
+}
+
+}  // namespace
+}  // namespace gradguard::plan

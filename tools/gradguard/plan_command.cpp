@@ -1,0 +1,67 @@
+// `gradguard plan [--config FILE] [--set k=v ...] [--model DIR] --gpus N --device NAME`:
+// memory per GPU of the configured run, whether it fits, and the micro-batch x
+// accumulation that reaches the global batch for each memory layout (apps/plan.h).
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "gradguard/apps/plan.h"
+#include "gradguard/checkpoint/hf_checkpoint.h"
+#include "gradguard/config/config.h"
+#include "gradguard/core/error.h"
+
+namespace gradguard::cli {
+
+void add_plan_command(CLI::App& app, Action& action) {
+  auto* cmd = app.add_subcommand("plan", "Memory per GPU of a run and the layouts and micro-batches that fit");
+  struct Args {
+    std::string config, model, device;
+    std::vector<std::string> sets;
+    int64_t gpus = 1, global_batch = -1, seq = -1, micro = -1;
+    double memory_gb = 0;
+    bool cpu = false, json = false;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("-c,--config", a->config, "YAML configuration file (default: built-in)");
+  cmd->add_option("-s,--set", a->sets, "Override: key.path=value (value read as YAML); repeatable");
+  cmd->add_option("--model", a->model, "Hugging Face model directory whose config.json gives the shapes");
+  cmd->add_option("--gpus", a->gpus, "Data-parallel ranks (GPUs)")->capture_default_str();
+  cmd->add_option("--device", a->device, "mi210 (the default) | mi250x | a100 | h100 | h200");
+  cmd->add_option("--memory", a->memory_gb, "Memory per device in GB (overrides the device's own)");
+  cmd->add_option("--global-batch", a->global_batch, "Sequences per optimizer step to reach (default: the config's)");
+  cmd->add_option("--seq", a->seq, "Sequence length (default: data.seq_len)");
+  cmd->add_option("--micro", a->micro, "Micro-batch of 'this run' (default: batch.micro_batch)");
+  cmd->add_flag("--cpu", a->cpu, "Plan for CPU processes: no GPU runtime or allocator buffers");
+  cmd->add_flag("--json", a->json, "Print the plan as JSON");
+  cmd->callback([&action, a] {
+    action = [a] {
+      if (a->gpus < 1) throw bad_input("--gpus", "must be >= 1, got " + std::to_string(a->gpus));
+      if (a->memory_gb < 0 || !(a->memory_gb < 1e6))
+        throw bad_input("--memory", "must be a size in GB > 0, got " + std::to_string(a->memory_gb));
+      for (auto [key, v] : {std::pair<const char*, int64_t>{"--global-batch", a->global_batch}, {"--seq", a->seq},
+                            {"--micro", a->micro}})
+        if (v != -1 && v < (std::string(key) == "--global-batch" ? 0 : 1))
+          throw bad_input(key, "must be >= " + std::string(std::string(key) == "--global-batch" ? "0" : "1") +
+                                   ", got " + std::to_string(v));
+      const auto cfg = config::load_config(a->config, a->sets);
+      auto in = plan::PlanInputs::from_config(cfg, a->gpus);
+      if (!a->model.empty()) in.model = checkpoint::read_hf_config(a->model, in.model);
+      if (a->global_batch >= 0) in.global_batch = a->global_batch;
+      if (a->seq > 0) in.seq_len = a->seq;
+      if (a->micro > 0) in.micro_batch = a->micro;
+      if (in.global_batch > 0 && in.global_batch % a->gpus != 0)
+        throw bad_input("--global-batch", std::to_string(in.global_batch) + " sequences do not divide over " +
+                                              std::to_string(a->gpus) + " GPUs");
+      if (a->cpu) in.for_this_cpu();
+      plan::Device device = a->device.empty() && a->memory_gb > 0 ? plan::Device{"custom", a->memory_gb}
+                                                                  : plan::find_device(a->device.empty() ? "mi210" : a->device);
+      if (a->memory_gb > 0) device.memory_gb = a->memory_gb;
+      const std::string text = a->json ? plan::to_json(in, device).dump(2) + "\n" : plan::render(in, device);
+      std::fputs(text.c_str(), stdout);
+      return 0;
+    };
+  });
+}
+
+}  // namespace gradguard::cli
