@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gradguard/apps/child_process.h"
+#include "gradguard/apps/plan.h"
 #include "gradguard/apps/seed.h"
 #include "gradguard/config/config.h"
 #include "gradguard/core/error.h"
@@ -64,6 +65,34 @@ void TuneOptions::validate() const {
     throw bad_input("--lr-scale", "needs positive values in ascending order (the safest, lowest first)");
   if (!(tolerance >= 0)) throw bad_input("--tolerance", "must be >= 0, got " + format_number(tolerance));
   if (!(noise_ratio >= 0)) throw bad_input("--noise-ratio", "must be >= 0, got " + format_number(noise_ratio));
+  if (!device.empty()) plan::find_device(device);
+  if (!(memory_gb >= 0)) throw bad_input("--memory", "must be >= 0 GB, got " + format_number(memory_gb));
+  if (gpus < 1) throw bad_input("--gpus", "must be at least 1, got " + std::to_string(gpus));
+}
+
+std::string memory_decision(const config::Config& recommended, const TuneOptions& o,
+                            std::vector<std::string>* recommendation) {
+  auto in = plan::PlanInputs::from_config(recommended, o.gpus);
+  const auto gib = [](double b) { return num(b / (1024.0 * 1024.0 * 1024.0), "%.2f") + " GiB"; };
+  if (o.device.empty() && o.memory_gb == 0) {
+    in.ranks = 1;
+    in.for_this_cpu();
+    return "memory: the recommended run needs about " + gib(plan::estimate(in).total) +
+           " per process on this CPU (`gradguard plan` breaks it down; --device or --memory fits it to a GPU)";
+  }
+  plan::Device d = o.device.empty() ? plan::Device{"custom", o.memory_gb} : plan::find_device(o.device);
+  if (o.memory_gb > 0) d.memory_gb = o.memory_gb;
+  const std::string where = std::to_string(o.gpus) + " x " + d.name + " (" + num(d.memory_gb, "%.0f") + " GB)";
+  const auto s = plan::suggest(in, d.memory_gb * 1e9);
+  if (!s.fits)
+    return "memory: no micro-batch of the recommended run fits " + where + " (at least " + gib(s.estimate.total) +
+           " per GPU); `gradguard plan` compares memory layouts that may";
+  recommendation->push_back("batch.micro_batch=" + std::to_string(s.micro_batch));
+  if (s.checkpointing && !recommended.model.activation_checkpointing)
+    recommendation->push_back("model.activation_checkpointing=true");
+  return "memory: on " + where + " micro-batch " + std::to_string(s.micro_batch) + " x accumulation " +
+         std::to_string(s.accum_steps) + (s.checkpointing ? " with" : " without") +
+         " activation checkpointing fits (" + gib(s.estimate.total) + " per GPU by the estimate)";
 }
 
 void analyse_probe(const std::string& metrics_path, Probe* p) {
@@ -257,6 +286,9 @@ TuneResult run_tune(const TuneOptions& o, std::FILE* progress) {
                            "batch.global_batch=" + std::to_string(batch)};
   if (needs_strategy) result.recommendation.insert(result.recommendation.begin(), "clip.strategy=global");
   std::vector<std::string> all = o.overrides;
+  all.insert(all.end(), result.recommendation.begin(), result.recommendation.end());
+  result.decisions.push_back(memory_decision(config::load_config(o.config_path, all), o, &result.recommendation));
+  all = o.overrides;
   all.insert(all.end(), result.recommendation.begin(), result.recommendation.end());
   std::ostringstream yaml;
   yaml << "# Recommended by `gradguard tune` (" << result.probes.size() << " probes of " << o.probe_steps

@@ -429,6 +429,72 @@ test::CliResult doctor_cli(const std::string& vars, const std::string& args,
   return result;
 }
 
+// ---- memory.plan: a configured run against the device's memory ------------------------
+
+plan::PlanInputs small_run() {
+  plan::PlanInputs in;
+  in.model.vocab_size = 96, in.model.hidden_size = 32, in.model.intermediate_size = 80;
+  in.model.num_layers = 3, in.model.num_heads = 4, in.model.num_kv_heads = 2, in.model.max_seq_len = 64;
+  in.seq_len = 64, in.micro_batch = 8, in.global_batch = 8;
+  in.for_this_cpu();
+  return in;
+}
+
+TEST(DoctorMemoryPlan, PassBelowNinetyPercentWarnUpToAllOfIt) {
+  const auto in = small_run();
+  const double need = plan::estimate(in).total;
+  const auto pass = doctor::check_memory_plan(in, need / 0.5, "this CPU's available memory");
+  EXPECT_EQ(pass.status, Status::kPass);
+  EXPECT_THAT(pass.value, HasSubstr("(50%)"));
+  EXPECT_DOUBLE_EQ(pass.metrics.at("estimate_bytes"), need);
+  const auto warn = doctor::check_memory_plan(in, need / 0.95, "gpu.0");
+  EXPECT_EQ(warn.status, Status::kWarn);
+  EXPECT_THAT(warn.detail, HasSubstr("headroom in gpu.0"));
+  EXPECT_EQ(doctor::check_memory_plan(in, need * 0.999, "gpu.0").status, Status::kFail);
+}
+
+TEST(DoctorMemoryPlan, TooSmallNamesTheMicroBatchThatFits) {
+  auto in = small_run();
+  auto one = in;
+  one.micro_batch = 1;
+  const double need_one = plan::estimate(one).total;
+  ASSERT_LT(need_one, plan::estimate(in).total);
+  const auto c = doctor::check_memory_plan(in, need_one * 1.001, "gpu.1");
+  EXPECT_EQ(c.status, Status::kFail);
+  // micro-batch 1 without checkpointing is the first the search meets that fits
+  EXPECT_THAT(c.detail, HasSubstr("gpu.1: too small for micro-batch 8; micro-batch 1 x accumulation 8 fits"));
+}
+
+TEST(DoctorMemoryPlan, NoMicroBatchFitsNamesTheFirstLayoutThatDoes) {
+  // Llama-2-7B on 2 x 32 GB with fp32 weights (the golden report in tests/golden/plan/
+  // shows only LoRA fitting there).
+  plan::PlanInputs in;
+  in.model.vocab_size = 32000, in.model.hidden_size = 4096, in.model.intermediate_size = 11008;
+  in.model.num_layers = 32, in.model.num_heads = 32, in.model.num_kv_heads = 32, in.model.max_seq_len = 4096;
+  in.ranks = 2, in.seq_len = 2048, in.micro_batch = 1, in.global_batch = 4096;
+  const auto c = doctor::check_memory_plan(in, 32e9, "gpu.0");
+  EXPECT_EQ(c.status, Status::kFail);
+  EXPECT_THAT(c.detail, HasSubstr("no micro-batch fits in gpu.0; the first layout that does: LoRA r16"));
+}
+
+TEST(DoctorMemoryPlan, BudgetIsTheCpusShareOrTheSmallestBoard) {
+  Check mem;
+  mem.name = "memory";
+  mem.metrics["available_gib"] = 16;
+  Check g0, g1;
+  g0.name = "gpu.0", g0.metrics["memory_total_mib"] = 81920;
+  g1.name = "gpu.1", g1.metrics["memory_total_mib"] = 65536;
+  const std::vector<Check> checks{mem, g0, g1};
+  auto [cpu, cpu_where] = doctor::memory_budget("cpu", checks, 2);
+  EXPECT_DOUBLE_EQ(cpu, 8.0 * 1073741824.0);
+  EXPECT_THAT(cpu_where, HasSubstr("per rank"));
+  auto [gpu, gpu_where] = doctor::memory_budget("cuda:0", checks, 2);
+  EXPECT_DOUBLE_EQ(gpu, 65536.0 * 1048576.0);
+  EXPECT_EQ(gpu_where, "gpu.1");
+  EXPECT_TRUE(std::isnan(doctor::memory_budget("cuda:0", {mem}, 1).first));  // no board reported
+  EXPECT_TRUE(std::isnan(doctor::memory_budget("", checks, 1).first));       // no usable device
+}
+
 TEST(DoctorCli, ChecklistOnThisMachine) {
   const auto r = doctor_cli("", "doctor --quick --min-free-disk-gib 0");
   EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -482,6 +548,33 @@ TEST(DoctorCli, GpuStateFromTelemetry) {
   EXPECT_TRUE(by_name.count("gpu.1"));
   if (!torch::cuda::is_available())
     EXPECT_EQ(by_name["torch.device"]["status"], "warn");  // GPUs, CPU build
+}
+
+TEST(DoctorCli, MemoryPlanOfAConfiguredRun) {
+  // The built-in default fits this machine's memory; a 200-layer, 4096-wide model does not.
+  auto by_name = [](const std::string& out) {
+    std::map<std::string, nlohmann::json> m;
+    const auto j = nlohmann::json::parse(out);
+    for (const auto& c : j["checks"]) m[c["name"]] = c;
+    return m;
+  };
+  auto ok = by_name(doctor_cli("", "doctor --no-bench --json --device cpu --set run.seed=3", false).output);
+  ASSERT_TRUE(ok.count("memory.plan"));
+  EXPECT_EQ(ok["memory.plan"]["status"], "pass") << ok["memory.plan"];
+  EXPECT_THAT(ok["memory.plan"]["value"].get<std::string>(), HasSubstr("in this CPU's available memory"));
+  const auto big = doctor_cli("", "doctor --no-bench --json --device cpu --set model.num_layers=200 "
+                                  "--set model.hidden_size=4096 --set model.intermediate_size=11008 "
+                                  "--set model.num_heads=32 --set model.num_kv_heads=32", false);
+  auto m = by_name(big.output);
+  EXPECT_EQ(m["memory.plan"]["status"], "fail") << big.output;
+  EXPECT_EQ(big.exit_code, 1);
+  // A bad configuration is the user's input error: exit 2, naming the key.
+  const auto bad = doctor_cli("", "doctor --no-bench --set model.num_layers=zero");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_THAT(bad.output, HasSubstr("model.num_layers"));
+  const auto missing = doctor_cli("", "doctor --no-bench --config /nonexistent/run.yaml");
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_THAT(missing.output, HasSubstr("/nonexistent/run.yaml"));
 }
 
 TEST(DoctorCli, BadOptionIsExitTwo) {

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gradguard/apps/plan.h"
 #include "gradguard/apps/tune.h"
 #include "gradguard/config/config.h"
 #include "test_util.h"
@@ -86,6 +87,44 @@ TEST(TuneOptionsTest, ValidateNamesTheFlag) {
   o = {};
   o.probe_steps = 2;
   EXPECT_THAT(test::bad_input_message([&] { o.validate(); }), HasSubstr("--steps"));
+  o = {};
+  o.device = "tpu";
+  EXPECT_THAT(test::bad_input_message([&] { o.validate(); }), HasSubstr("--device"));
+  o = {};
+  o.memory_gb = -1;
+  EXPECT_THAT(test::bad_input_message([&] { o.validate(); }), HasSubstr("--memory"));
+  o = {};
+  o.gpus = 0;
+  EXPECT_THAT(test::bad_input_message([&] { o.validate(); }), HasSubstr("--gpus"));
+}
+
+TEST(TuneMemory, RecommendationGetsTheMicroBatchPlanFitsOnTheDevice) {
+  // tiny.yaml at global batch 64 on 2 GPUs: 32 sequences per rank. The device's memory is
+  // set between plan's estimates of micro-batch 8 and 16, so 8 x accumulation 4 fits.
+  auto cfg = config::load_config(test::source_path("configs/tiny.yaml"), {"batch.global_batch=64"});
+  auto in = plan::PlanInputs::from_config(cfg, 2);
+  auto at = [&](int64_t micro) {
+    in.micro_batch = micro;
+    return plan::estimate(in).total;
+  };
+  TuneOptions o;
+  o.gpus = 2;
+  o.memory_gb = (at(8) + at(16)) / 2 / 1e9;
+  std::vector<std::string> rec{"optim.lr=0.001"};
+  const auto d = memory_decision(cfg, o, &rec);
+  EXPECT_EQ(rec, (std::vector<std::string>{"optim.lr=0.001", "batch.micro_batch=8"}));
+  EXPECT_THAT(d, HasSubstr("on 2 x custom"));
+  EXPECT_THAT(d, HasSubstr("micro-batch 8 x accumulation 4 without activation checkpointing fits"));
+  // A named device whose memory cannot hold even micro-batch 1 with checkpointing: nothing
+  // is added, and the sentence points to plan's layouts.
+  o.device = "mi210";
+  o.memory_gb = at(1) / 100 / 1e9;
+  rec = {};
+  EXPECT_THAT(memory_decision(cfg, o, &rec), HasSubstr("no micro-batch of the recommended run fits 2 x mi210"));
+  EXPECT_TRUE(rec.empty());
+  // Without a device: the estimate on this CPU, nothing added.
+  EXPECT_THAT(memory_decision(cfg, {}, &rec), HasSubstr("per process on this CPU"));
+  EXPECT_TRUE(rec.empty());
 }
 
 class TuneCli : public ::testing::Test {
@@ -156,6 +195,9 @@ TEST_F(TuneCli, BadInputExitsTwoBeforeAnyProbe) {
   r = test::run_cli(args("--set optim.lr=-1"), dir_.path());
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_THAT(r.output, HasSubstr("optim.lr"));
+  r = test::run_cli(args("--device tpu"), dir_.path());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("unknown device 'tpu'"));
   r = test::run_cli(args("--start-batch 6"), dir_.path());  // not a multiple of micro_batch 4
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_THAT(r.output, HasSubstr("batch.global_batch"));

@@ -28,6 +28,9 @@ void add_doctor_command(CLI::App& app, Action& action) {
   cmd->add_flag("--no-bench", f->no_bench, "Skip the matmul, bandwidth and all-reduce benchmarks");
   cmd->add_flag("-q,--quiet", f->quiet, "No progress lines on stderr");
   cmd->add_option("--device", o->device, "auto | cpu | cuda | cuda:N")->capture_default_str();
+  cmd->add_option("-c,--config", o->config_path,
+                  "A run's configuration: check its memory plan (gradguard plan) against this device");
+  cmd->add_option("-s,--set", o->overrides, "Override of that configuration: key.path=value; repeatable");
   cmd->add_option("--threads", o->threads,
                   "Intra-op threads as run.threads (0 = CPUs / ranks on this node)")
       ->capture_default_str();

@@ -25,6 +25,9 @@ void add_tune_command(CLI::App& app, Action& action) {
   cmd->add_option("--tolerance", o->tolerance, "Relative loss a safer choice may cost")->capture_default_str();
   cmd->add_option("--noise-ratio", o->noise_ratio, "Stop growing past this x the gradient noise scale (0: off)")
       ->capture_default_str();
+  cmd->add_option("--device", o->device, "Fit the recommendation's micro-batch to this GPU (as gradguard plan)");
+  cmd->add_option("--memory", o->memory_gb, "... or to this much memory per GPU, GB");
+  cmd->add_option("--gpus", o->gpus, "How many of them the run uses")->capture_default_str();
   cmd->add_flag("--force", o->overwrite, "Overwrite results in the output folder");
   cmd->callback([&action, o] {
     action = [o] {

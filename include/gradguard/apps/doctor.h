@@ -27,10 +27,12 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "gradguard/apps/plan.h"
 #include "gradguard/dist/env.h"
 #include "gradguard/telemetry/telemetry.h"
 
@@ -100,6 +102,10 @@ struct DoctorOptions {
   double dist_timeout_s = 120;
   // GPU state source, as telemetry.backend: auto | nvml | rocm_smi | none.
   std::string telemetry_backend = "auto";
+  // A run's configuration to check against this device's memory with `gradguard plan`'s
+  // estimate (the check "memory.plan"); "" and no overrides = no such check.
+  std::string config_path;
+  std::vector<std::string> overrides;
 
   // Throws gradguard::Error (bad input) naming the CLI option, e.g. "--reps".
   void validate() const;
@@ -116,6 +122,17 @@ Report run_doctor(const DoctorOptions& options, const dist::EnvLookup& env = dis
                   std::FILE* progress = nullptr);
 
 // ---- the rules, as pure functions (each unit-tested) ----------------------------------
+
+// "memory.plan": the run `in` against `device_bytes` of memory per rank (apps/plan.h's
+// estimate): pass below 90%, warn up to 100%, fail above, naming the micro-batch x
+// accumulation that fits or, when none does, the first memory layout that would.
+Check check_memory_plan(const plan::PlanInputs& in, double device_bytes, const std::string& device);
+
+// The memory one rank has for the plan check: on "cpu" the "memory" check's available
+// memory over the node's `local_ranks`, on a GPU the smallest "gpu.N" check's total; NAN
+// (and "") when the checks do not say. The second member names where the figure came from.
+std::pair<double, std::string> memory_budget(const std::string& device, const std::vector<Check>& checks,
+                                             int64_t local_ranks);
 
 struct NetInterface {
   std::string name;       // e.g. "eth0"

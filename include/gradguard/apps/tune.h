@@ -25,6 +25,10 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+namespace gradguard::config {
+struct Config;
+}
+
 namespace gradguard::tune {
 
 struct TuneOptions {
@@ -42,6 +46,12 @@ struct TuneOptions {
   double noise_ratio = 10;                        // stop growing past this x B_simple; 0 disables
   std::string executable;                         // the gradguard binary; "" = this process's
   bool overwrite = false;                         // reuse an out_dir that holds results
+  // The device the recommended run is for (`gradguard plan`'s names; "" = none) or its
+  // memory in GB, and how many of them: the recommendation then carries the micro-batch
+  // (and activation checkpointing) that fits there by plan's estimate.
+  std::string device;
+  double memory_gb = 0;
+  int64_t gpus = 1;
   void validate() const;
 };
 
@@ -74,6 +84,15 @@ struct TuneResult {
 // Reads one probe's metrics.jsonl into the Probe's measured fields. Throws
 // gradguard::Error (bad input) naming the file when it holds no step lines.
 void analyse_probe(const std::string& metrics_path, Probe* probe);
+
+// The recommended run against memory, by the estimate `gradguard plan` and doctor's
+// "memory.plan" use (apps/plan.h): with o.device or o.memory_gb, the micro-batch x
+// accumulation that fits o.gpus of that device for the recommended global batch is
+// appended to `recommendation` (batch.micro_batch=, and model.activation_checkpointing=true
+// when it needs it); without either, the run is measured against nothing and only its
+// estimate on this CPU is reported. Returns the decision sentence for tune.md.
+std::string memory_decision(const config::Config& recommended, const TuneOptions& o,
+                            std::vector<std::string>* recommendation);
 
 // Runs the procedure (progress lines to `progress`), writes tune.md, tune.json and
 // tune.yaml into out_dir and returns the result. Throws gradguard::Error (bad input) for

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "doctor_internal.h"
+#include "gradguard/config/config.h"
 #include "gradguard/core/device.h"
 #include "gradguard/core/error.h"
 #include "gradguard/dist/communicator.h"
@@ -277,6 +278,53 @@ void gather_ranks(dist::Communicator& comm, Report& report) {
 
 }  // namespace
 
+Check check_memory_plan(const plan::PlanInputs& in, double device_bytes, const std::string& device) {
+  const auto e = plan::estimate(in);
+  const double share = e.total / device_bytes;
+  Check c = make_check("memory.plan", share <= 0.9 ? Status::kPass : share <= 1 ? Status::kWarn : Status::kFail,
+                       strprintf("the run needs %s per rank of %s in %s (%.0f%%)", detail::format_bytes(e.total).c_str(),
+                                 detail::format_bytes(device_bytes).c_str(), device.c_str(), 100 * share));
+  c.metrics["estimate_bytes"] = e.total;
+  c.metrics["device_bytes"] = device_bytes;
+  if (share <= 0.9) return c;
+  const auto s = plan::suggest(in, device_bytes);
+  if (share <= 1) {
+    c.detail = "less than 10% headroom in " + device + ": fragmentation may run it out of memory";
+  } else if (s.fits) {
+    c.detail = strprintf("%s: too small for micro-batch %lld; micro-batch %lld x accumulation %lld%s fits (%s)",
+                         device.c_str(), (long long)in.micro_batch, (long long)s.micro_batch,
+                         (long long)s.accum_steps, s.checkpointing ? " with activation checkpointing" : "",
+                         detail::format_bytes(s.estimate.total).c_str());
+  } else {
+    std::string layout;
+    for (const auto& l : plan::compare_layouts(in, device_bytes))
+      if (l.suggestion.fits && layout.empty()) layout = l.name;
+    c.detail = "no micro-batch fits in " + device + (layout.empty() ? std::string(": no layout does either")
+                                                                      : "; the first layout that does: " + layout) +
+               " (`gradguard plan` compares them)";
+  }
+  return c;
+}
+
+std::pair<double, std::string> memory_budget(const std::string& device, const std::vector<Check>& checks,
+                                             int64_t local_ranks) {
+  double bytes = NAN;
+  std::string where;
+  if (device.empty()) return {bytes, where};
+  for (const auto& c : checks) {
+    if (device == "cpu" && c.name == "memory" && c.metrics.count("available_gib")) {
+      bytes = c.metrics.at("available_gib") * 1073741824.0 / static_cast<double>(std::max<int64_t>(1, local_ranks));
+      where = local_ranks > 1 ? "this CPU's available memory per rank" : "this CPU's available memory";
+    }
+    // The smallest board on the node: every rank must fit on the one it gets.
+    if (device != "cpu" && c.name.rfind("gpu.", 0) == 0 && c.metrics.count("memory_total_mib")) {
+      const double b = c.metrics.at("memory_total_mib") * 1048576.0;
+      if (b > 0 && !(b >= bytes)) bytes = b, where = c.name;
+    }
+  }
+  return {bytes, where};
+}
+
 Report run_doctor(const DoctorOptions& options, const dist::EnvLookup& env, std::FILE* progress) {
   options.validate();
   Report report;
@@ -316,6 +364,19 @@ Report run_doctor(const DoctorOptions& options, const dist::EnvLookup& env, std:
   add(check_environment(env, host));
   report.checks.push_back(dist_check);
   add(detail::check_system(options, host, cpu));
+  // The configured run against this device's memory: on the CPU the memory available to
+  // this rank's share of the node, on a GPU its total as the management library reports it.
+  if (!options.config_path.empty() || !options.overrides.empty()) {
+    auto in = plan::PlanInputs::from_config(config::load_config(options.config_path, options.overrides),
+                                            denv.world_size);
+    if (device && *device == "cpu") in.for_this_cpu();
+    std::vector<Check> seen = report.checks;
+    seen.insert(seen.end(), gpu_checks.begin(), gpu_checks.end());
+    const auto [bytes, where] = memory_budget(device ? *device : "", seen, denv.local_world_size);
+    report.checks.push_back(std::isnan(bytes) ? make_check("memory.plan", Status::kSkip, "device memory unknown",
+                                                           "give it to `gradguard plan --memory GB`")
+                                              : check_memory_plan(in, bytes, where));
+  }
   add(std::move(gpu_checks));
 
   // Meet the other ranks before the benchmarks, so theirs overlap as training's would.

@@ -298,6 +298,7 @@ std::vector<Check> check_gpus(const std::vector<telemetry::GpuSample>& gpus) {
     c.metrics["sm_clock_mhz"] = g.sm_clock_mhz;
     c.metrics["utilization_pct"] = g.utilization_pct;
     c.metrics["memory_used_mib"] = g.memory_used_mb;
+    c.metrics["memory_total_mib"] = g.memory_total_mb;
     c.metrics["throttle_reasons"] = static_cast<double>(g.throttle_reasons);
     out.push_back(std::move(c));
   }
