@@ -79,6 +79,7 @@ PlanInputs PlanInputs::from_config(const config::Config& c, int64_t ranks) {
   in.seq_len = c.data.seq_len;
   in.micro_batch = c.batch.micro_batch;
   in.global_batch = c.batch.global_batch;
+  in.z_loss = c.loss.z_loss > 0;
   return in;
 }
 
@@ -142,7 +143,9 @@ MemoryEstimate estimate(const PlanInputs& in) {
   const double L = static_cast<double>(in.model.num_layers);
   const double layers = in.model.activation_checkpointing ? L * r * wd.h + 2 * per_layer : (L + 1) * per_layer;
   e.activations = tokens * (layers + (r + c) * wd.h);
-  e.logits = tokens * static_cast<double>(in.model.vocab_size) * (c + 8);
+  // z-loss's logsumexp keeps its float32 input: the logits themselves in float32 compute,
+  // a float32 copy of them otherwise.
+  e.logits = tokens * static_cast<double>(in.model.vocab_size) * (c + 8 + (in.z_loss && c != 4 ? 4 : 0));
   e.step = (in.fused_adamw ? 0 : shard * s) + (d > 1 ? (d + 1) * kGatherChunk : 0) + (m.offload_optimizer ? shard * 4 : 0);
 
   const double resident = e.weights + e.gradients + e.optimizer + (in.gpu ? 0 : e.optimizer_host);

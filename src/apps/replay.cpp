@@ -139,7 +139,7 @@ ReplayReport replay_snapshot(const std::string& dir, const ReplayOptions& option
     data::Batch b{inputs[m].to(torch::kLong), targets[m].to(torch::kLong),
                   positions.defined() ? positions[m].to(torch::kLong) : torch::Tensor(),
                   segments.defined() ? segments[m].to(torch::kLong) : torch::Tensor()};
-    auto acc = train::accumulate(*model, {b}, total_tokens, cfg.amp, device, loss_scale, false);
+    auto acc = train::accumulate(*model, {b}, total_tokens, cfg.amp, device, loss_scale, false, {}, cfg.loss.z_loss);
     auto g = grads_of(params);
     MicroReplay mr;
     mr.index = m;
@@ -182,7 +182,7 @@ ReplayReport replay_snapshot(const std::string& dir, const ReplayOptions& option
       };
       data::Batch b{row_of(inputs), row_of(targets), row_of(positions), row_of(segments)};
       const int64_t tokens = std::max<int64_t>(1, (b.targets != data::kIgnoreTarget).sum().item<int64_t>());
-      auto acc = train::accumulate(*model, {b}, tokens, cfg.amp, device, 1.0, false);
+      auto acc = train::accumulate(*model, {b}, tokens, cfg.amp, device, 1.0, false, {}, cfg.loss.z_loss);
       SampleReplay sr;
       sr.micro = m;
       sr.row = row;

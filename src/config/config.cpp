@@ -89,7 +89,7 @@ struct Collector {
   }
 };
 
-const std::vector<std::string> kSections = {"run",  "model", "lora", "data",       "batch", "optim",
+const std::vector<std::string> kSections = {"run",  "model", "lora", "data",       "batch", "loss", "optim",
                                             "schedule", "clip", "amp", "memory", "eval", "checkpoint", "log",
                                             "guard", "telemetry", "dist"};
 
@@ -103,6 +103,7 @@ std::vector<Field> fields(Config& c) {
   section("lora", c.lora);
   section("data", c.data);
   section("batch", c.batch);
+  section("loss", c.loss);
   section("optim", c.optim);
   section("schedule", c.schedule);
   section("clip", c.clip);
@@ -397,6 +398,7 @@ void Config::finalize(int64_t world_size) {
   lora.validate(model.activation_checkpointing);
   data.validate();
   batch.validate();
+  loss.validate();
   optim.validate();
   schedule.validate();
   clip.validate();

@@ -60,13 +60,12 @@ StepOutcome GuardedStep::step(int64_t step, const StepInputs& in) {
   out.injected = in.injected;
   out.loss_scale = scaler_.scale();
 
-  // Side values in one float tensor [loss | micro losses | noise norm], read back with
-  // the gradient norms.
-  // Side values in one float tensor [loss | micro losses | noise norm | stop request],
-  // read back with the gradient norms.
+  // Side values in one float tensor [loss | micro losses | noise norm | stop request |
+  // z-loss], each present when given, read back with the gradient norms.
   const int64_t n_micro = in.micro_losses.defined() ? in.micro_losses.numel() : 0;
   const bool noise_sample = in.noise_sq_norm.defined() && options_.guard.noise_scale.every > 0;
   const bool stop_slot = in.stop_request.defined();
+  const bool z_slot = in.z_loss.defined();
   at::Tensor side;
   {
     torch::NoGradGuard no_grad;
@@ -75,6 +74,7 @@ StepOutcome GuardedStep::step(int64_t step, const StepInputs& in) {
     if (n_micro > 0) parts.push_back(scalar(in.micro_losses));
     if (noise_sample) parts.push_back(scalar(in.noise_sq_norm));
     if (stop_slot) parts.push_back(scalar(in.stop_request));
+    if (z_slot) parts.push_back(scalar(in.z_loss));
     side = torch::cat(parts);
   }
   out.stats = stats_.compute(scaler_.inv_scale(), side, clipper_.device_hook());  // the one host read
@@ -82,7 +82,9 @@ StepOutcome GuardedStep::step(int64_t step, const StepInputs& in) {
   out.loss = values.at(0);
   out.micro_losses.assign(values.begin() + 1, values.begin() + 1 + n_micro);
   const size_t noise_at = 1 + static_cast<size_t>(n_micro);
-  if (stop_slot) out.stop_requested = values.at(noise_at + (noise_sample ? 1 : 0)) > 0;
+  const size_t stop_at = noise_at + (noise_sample ? 1 : 0);
+  if (stop_slot) out.stop_requested = values.at(stop_at) > 0;
+  if (z_slot) out.z_loss = values.at(stop_at + (stop_slot ? 1 : 0));
 
   out.clip = clipper_.apply(out.stats);
   out.scaler = scaler_.update(out.stats.nonfinite);

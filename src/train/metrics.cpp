@@ -68,6 +68,7 @@ void MetricsWriter::write_step(const StepMetrics& m) {
   j["tokens_per_s"] = json_number(m.tokens_per_s);
   j["elapsed_s"] = m.elapsed_s;
   if (std::isfinite(m.noise_scale)) j["noise_scale"] = m.noise_scale;
+  if (!std::isnan(m.z_loss)) j["z_loss"] = json_number(m.z_loss);
   if (!m.layer_grad_norms.empty()) {
     nlohmann::ordered_json layers = nlohmann::ordered_json::object();
     for (const auto& [name, norm] : m.layer_grad_norms) layers[name] = json_number(norm);
@@ -87,6 +88,7 @@ StepMetrics step_metrics(const guard::StepOutcome& o, const std::vector<std::str
   m.loss_scale = o.loss_scale;
   m.skipped = !o.applied;
   m.noise_scale = o.noise_scale;
+  m.z_loss = o.z_loss;
   for (size_t k = 0; k < o.stats.layer_norms.size() && k < layer_names.size(); ++k)
     m.layer_grad_norms.emplace_back(layer_names[k], o.stats.layer_norms[k]);
   return m;

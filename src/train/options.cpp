@@ -31,6 +31,11 @@ void BatchOptions::validate() const {
   at_least(global_batch, 0, "batch.global_batch");
 }
 
+void LossOptions::validate() const {
+  if (!(z_loss >= 0 && z_loss < 1))
+    throw bad_input("loss.z_loss", "must be in [0, 1) (PaLM uses 1e-4), got " + format_number(z_loss));
+}
+
 void EvalOptions::validate() const {
   at_least(every, 0, "eval.every");
   at_least(batches, 1, "eval.batches");

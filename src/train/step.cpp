@@ -13,8 +13,13 @@
 
 namespace gradguard::train {
 namespace {
-torch::Tensor summed_loss(model::LlamaForCausalLMImpl& model, const data::Batch& b, const amp::AmpOptions& amp,
-                          const c10::Device& device) {
+// A micro-batch's summed cross-entropy over its trained targets and, when z-loss is on,
+// its summed logsumexp(logits)^2 over the same targets (undefined otherwise).
+struct Summed {
+  torch::Tensor ce, z;
+};
+Summed summed_loss(model::LlamaForCausalLMImpl& model, const data::Batch& b, const amp::AmpOptions& amp,
+                   const c10::Device& device, bool z_loss) {
   torch::Tensor logits;
   {
     amp::AutocastScope autocast(amp, device);
@@ -24,9 +29,14 @@ torch::Tensor summed_loss(model::LlamaForCausalLMImpl& model, const data::Batch&
                  : model.forward(b.inputs.to(device));  // [B, T, V]
   }
   // Cross-entropy in float32 whatever the compute dtype; ignored targets add nothing.
-  return torch::nn::functional::cross_entropy(
-      logits.reshape({-1, logits.size(-1)}).to(torch::kFloat), b.targets.to(device).reshape({-1}),
+  const auto flat = logits.reshape({-1, logits.size(-1)}).to(torch::kFloat);
+  const auto targets = b.targets.to(device).reshape({-1});
+  Summed out;
+  out.ce = torch::nn::functional::cross_entropy(
+      flat, targets,
       torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum).ignore_index(data::kIgnoreTarget));
+  if (z_loss) out.z = flat.logsumexp(-1).square().masked_fill(targets == data::kIgnoreTarget, 0).sum();
+  return out;
 }
 
 // Trained targets of a micro-batch as a 0-dim float tensor on `device`, at least 1 (the
@@ -39,16 +49,23 @@ torch::Tensor trained_count(const data::Batch& b, const c10::Device& device) {
 Accumulation accumulate(model::LlamaForCausalLMImpl& model, const std::vector<data::Batch>& micro_batches,
                         int64_t total_tokens, const amp::AmpOptions& amp, const c10::Device& device,
                         double loss_scale, bool measure_first,
-                        const std::function<void(const Accumulation&)>& before_last_backward) {
+                        const std::function<void(const Accumulation&)>& before_last_backward, double z_loss) {
   TORCH_INTERNAL_ASSERT(total_tokens > 0);
   Accumulation out;
   out.loss = torch::zeros({}, torch::TensorOptions().device(device));
+  if (z_loss > 0) out.z_loss = torch::zeros({}, torch::TensorOptions().device(device));
+  const double n = static_cast<double>(total_tokens);
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const auto& b = micro_batches[i];
-    auto summed = summed_loss(model, b, amp, device);
-    auto loss = summed / static_cast<double>(total_tokens);
+    auto summed = summed_loss(model, b, amp, device, z_loss > 0);
+    auto loss = summed.ce / n;
     out.loss += loss.detach();
-    out.micro_losses.push_back(summed.detach() / trained_count(b, device));
+    out.micro_losses.push_back(summed.ce.detach() / trained_count(b, device));
+    if (z_loss > 0) {
+      auto z = summed.z * (z_loss / n);
+      out.z_loss += z.detach();
+      loss = loss + z;
+    }
     if (before_last_backward && i + 1 == micro_batches.size()) before_last_backward(out);
     (loss_scale == 1.0 ? loss : loss * loss_scale).backward();
     if (i == 0 && measure_first) {
@@ -76,7 +93,7 @@ double evaluate(model::LlamaForCausalLMImpl& model, const data::TokenDataset& da
   const int64_t tokens = dataset.trained_targets(0, samples);
   for (int64_t first = 0; first < samples; first += micro_batch) {
     auto b = dataset.batch(first, std::min(micro_batch, samples - first));
-    sum += summed_loss(model, b, amp, device).to(torch::kDouble);
+    sum += summed_loss(model, b, amp, device, false).ce.to(torch::kDouble);
   }
   return sum.item<double>() / static_cast<double>(std::max<int64_t>(tokens, 1));
 }

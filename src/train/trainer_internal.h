@@ -67,7 +67,8 @@ struct Trainer::State {
   // Slots of the side vector summed with the gradients: [loss | micro losses by global
   // micro-batch g = m * world + rank | first-micro-batch squared norm by rank | stop
   // requests (each rank adds 1 when it received SIGTERM/SIGINT)].
-  int64_t side_slots() const { return 1 + env.world_size * cfg.batch.accum_steps + env.world_size + 1; }
+  // [loss | micro losses (world x accum) | noise samples (world) | stop request | z-loss]
+  int64_t side_slots() const { return 1 + env.world_size * cfg.batch.accum_steps + env.world_size + 2; }
 
   // The guard, and what it writes.
   std::unique_ptr<guard::GuardedStep> guarded;

@@ -94,6 +94,7 @@ guard::StepInputs Trainer::State::accumulate_step(int64_t step, const StepData& 
       if (partial.first_sq_norm.defined())
         side.narrow(0, 1 + n_micro + env.rank, 1).copy_(partial.first_sq_norm.reshape({1}));
       if (StopSignals::requested() != 0) side.narrow(0, 1 + n_micro + world, 1).fill_(1.0f);
+      if (partial.z_loss.defined()) side.narrow(0, 2 + n_micro + world, 1).copy_(partial.z_loss.reshape({1}));
       sync->arm(side);
     };
   // The step's samples over all ranks are (step + offset) * G .. + G - 1 (step_batches.h):
@@ -101,7 +102,7 @@ guard::StepInputs Trainer::State::accumulate_step(int64_t step, const StepData& 
   const int64_t G = c.batch.global_batch;
   const int64_t trained = std::max<int64_t>(1, train->trained_targets((step + data_offset) * G, G));
   auto acc = accumulate(*model, data.batches.micro, trained, c.amp, device, guarded->loss_scale(),
-                        measure_noise, hand_off);
+                        measure_noise, hand_off, c.loss.z_loss);
 
   guard::StepInputs in;
   in.lr = lr;
@@ -113,11 +114,13 @@ guard::StepInputs Trainer::State::accumulate_step(int64_t step, const StepData& 
     in.micro_losses = side.narrow(0, 1, n_micro);
     if (measure_noise) in.noise_sq_norm = side.narrow(0, 1 + n_micro, world).mean();  // mean over the ranks
     in.stop_request = side[1 + n_micro + world];
+    if (c.loss.z_loss > 0) in.z_loss = side[2 + n_micro + world];
   } else {
     if (data.corrupt) corrupt();
     in.loss = acc.loss;
     in.micro_losses = torch::stack(acc.micro_losses);
     if (measure_noise) in.noise_sq_norm = acc.first_sq_norm;
+    in.z_loss = acc.z_loss;
   }
   // The first micro-batch's share of the step's trained targets (1 / micro-batches for a
   // stream file; for samples the ranks' first micro-batches differ: their mean share).

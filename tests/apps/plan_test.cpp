@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gradguard/apps/plan.h"
+#include "gradguard/config/config.h"
 #include "gradguard/core/error.h"
 #include "gradguard/model/llama.h"
 #include "gradguard/model/lora.h"
@@ -152,6 +153,25 @@ TEST(Plan, GoldenLlama2_7bOnTwoMi210) {
   const auto at64 = test::read_text(test::source_path("tests/golden/plan/llama2_7b_2x_mi210_64gb.txt"));
   EXPECT_THAT(at64, HasSubstr("| bf16 + fp32 masters, ZeRO-1, offload | 27.0 | 0.0 (40.4) |"));
   EXPECT_THAT(at64, HasSubstr("| bf16 + fp32 masters, ZeRO-1 | 27.0 | 40.4 | - | - |"));
+}
+
+TEST(Plan, LogitsTermAndZLoss) {
+  // b T V (c + 8): the logits in the compute dtype, float32 log-probabilities and their
+  // gradient; z-loss's logsumexp keeps a float32 copy of bf16 logits (4 more bytes), and
+  // nothing more in float32, where its input is the logits tensor itself.
+  PlanInputs in;
+  in.model = tiny();
+  in.seq_len = 16, in.micro_batch = 2;
+  const double tokens_v = 16.0 * 2 * 96;
+  EXPECT_DOUBLE_EQ(estimate(in).logits, tokens_v * (4 + 8));
+  in.z_loss = true;
+  EXPECT_DOUBLE_EQ(estimate(in).logits, tokens_v * (4 + 8));
+  in.amp = amp::AmpDtype::kBf16;
+  EXPECT_DOUBLE_EQ(estimate(in).logits, tokens_v * (2 + 8 + 4));
+  in.z_loss = false;
+  EXPECT_DOUBLE_EQ(estimate(in).logits, tokens_v * (2 + 8));
+  config::Config cfg = config::load_config("", {"loss.z_loss=1e-4"});
+  EXPECT_TRUE(PlanInputs::from_config(cfg, 1).z_loss);
 }
 
 TEST(Plan, JsonCarriesEveryTerm) {

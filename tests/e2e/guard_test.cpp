@@ -278,5 +278,39 @@ TEST_F(Guard, TelemetryAndNoiseScaleReachTheMetrics) {
   EXPECT_THAT(r.output, HasSubstr("gradient noise scale"));
 }
 
+TEST_F(Guard, ZLossIsLoggedApartAndTwoRanksReportTheOneProcessValue) {
+  // loss.z_loss adds c x logsumexp^2 to the objective; metrics.jsonl gets it as z_loss and
+  // keeps `loss` the cross-entropy. Over two ranks each rank's share travels with the
+  // gradient all-reduce, so the logged term is the global batch's, as in one process.
+  const std::string z = " --set loss.z_loss=1e-3 --set batch.global_batch=8 --set log.every=1 ";
+  auto r = run_cli(train_args(6, z + "--set run.name=z1"), dir_.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_cli("launch --nproc 2 -- " + train_args(6, z + "--set run.name=z2"), dir_.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto steps = [&](const std::string& run) {
+    std::vector<nlohmann::json> out;
+    for (auto& l : lines(run))
+      if (l.contains("loss") && !l.contains("event")) out.push_back(l);
+    return out;
+  };
+  const auto one = steps("z1"), two = steps("z2");
+  ASSERT_EQ(one.size(), 6u);
+  ASSERT_EQ(two.size(), 6u);
+  for (size_t k = 0; k < one.size(); ++k) {
+    ASSERT_TRUE(one[k].contains("z_loss")) << one[k].dump();
+    const double z1 = one[k]["z_loss"], z2 = two[k]["z_loss"];
+    // c x log^2 Z: log Z of a fresh 256-token model is near log(256) = 5.5, so about 0.03.
+    EXPECT_GT(z1, 1e-3 * 4.0 * 4.0) << one[k].dump();
+    EXPECT_LT(z1, 1e-3 * 8.0 * 8.0) << one[k].dump();
+    EXPECT_NEAR(z2, z1, 1e-4 * z1) << "step " << k;
+    EXPECT_NEAR(two[k]["loss"].get<double>(), one[k]["loss"].get<double>(), 1e-4);
+  }
+  // Off: no z_loss key.
+  EXPECT_FALSE(lines("z1").empty());
+  r = run_cli(train_args(6, "--set log.every=1 --set run.name=z0"), dir_.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (auto& l : lines("z0")) EXPECT_FALSE(l.contains("z_loss")) << l.dump();
+}
+
 }  // namespace
 }  // namespace gradguard

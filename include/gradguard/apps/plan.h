@@ -25,6 +25,7 @@
 //                one layer at a time is recomputed. Plus one layer's worth for backward's
 //                working set.
 //   logits       b T V (c + 8)                logits, float32 log-probabilities and their gradient
+//                (+ 4 with z-loss below float32 compute: logsumexp's float32 copy)
 //   step         the optimizer step after backward: AdamW's sqrt(v) temporary (Pt s / d;
 //                none with a fused AdamW kernel), the all-gather's chunks and, offloaded,
 //                the gradient copied to the host; the peak is the larger of backward and step
@@ -71,6 +72,7 @@ struct PlanInputs {
   bool fused_attention = true;    // a fused SDPA kernel (LibTorch >= 2.1): no T x T probabilities
   bool fused_adamw = true;        // a fused AdamW kernel (LibTorch >= 2.0 on GPUs): no sqrt(v) temporary
   bool gpu = true;                // add the GPU runtime and allocator buffers
+  bool z_loss = false;            // loss.z_loss > 0: its backward keeps the float32 logits
   // For CPU processes of this build: its attention and AdamW kernels, no GPU buffers.
   void for_this_cpu();
   static PlanInputs from_config(const config::Config& c, int64_t ranks);

@@ -27,6 +27,7 @@ struct Config {
   model::LoraOptions lora;
   data::DataOptions data;
   train::BatchOptions batch;
+  train::LossOptions loss;
   optim::OptimOptions optim;
   optim::ScheduleOptions schedule;
   grad::ClipOptions clip;

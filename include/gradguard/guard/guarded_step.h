@@ -80,6 +80,9 @@ struct StepInputs {
   // 0-dim, optional: > 0 when a process of the run was asked to stop (SIGTERM/SIGINT);
   // data parallelism sums every rank's flag here, so all ranks learn it in the same read.
   at::Tensor stop_request;
+  // 0-dim, optional: an auxiliary loss term to report beside `loss` (the z-loss), read in
+  // the same host copy; the detector does not watch it.
+  at::Tensor z_loss;
   double lr = std::numeric_limits<double>::quiet_NaN();  // the learning rate of this step (host)
   std::string injected;     // a fault injected on purpose at this step ("" = none), for the diagnosis
 };
@@ -95,6 +98,7 @@ struct StepOutcome {
   int64_t step = 0;
   double loss = 0;                   // mean loss of the global batch (may be inf/NaN)
   std::vector<double> micro_losses;  // [micro-batch] when given
+  double z_loss = std::numeric_limits<double>::quiet_NaN();  // as given; NaN when not
   double lr = 0;                     // as given
   std::string injected;              // as given
   double loss_scale = 1;             // the scale the gradients carried

@@ -60,6 +60,20 @@ struct BatchOptions {
   }
 };
 
+// The training objective beyond the token cross-entropy.
+struct LossOptions {
+  double z_loss = 0;
+  void validate() const;
+
+  template <class Field>
+  void fields(Field&& field) {
+    field("z_loss", z_loss,
+          "coefficient c of PaLM's z-loss: c x logsumexp(logits)^2 averaged over the trained tokens, added to the "
+          "objective and logged apart from the loss (PaLM uses 1e-4); keeps the softmax normaliser near 1, "
+          "against output-logit divergence; 0 = off; in [0, 1)");
+  }
+};
+
 struct EvalOptions {
   int64_t every = 50;
   int64_t batches = 8;

@@ -37,14 +37,21 @@ struct Accumulation {
   at::Tensor loss;                       // 0-dim, global-batch mean token loss (unscaled)
   std::vector<at::Tensor> micro_losses;  // [micro-batch] 0-dim mean token loss of each
   at::Tensor first_sq_norm;              // 0-dim float; undefined unless measure_first
+  at::Tensor z_loss;                     // 0-dim: c x sum of logsumexp^2 / total_tokens; undefined when c = 0
 };
 // `before_last_backward`, when set, runs after the last micro-batch's forward and before
 // its backward with the accumulation so far (loss and micro_losses complete): data
 // parallelism hands the side values to the gradient all-reduce there.
+// `z_loss` > 0 adds PaLM's z-loss to what backward differentiates: z_loss x
+// logsumexp(logits)^2 summed over each micro-batch's trained targets and divided by
+// total_tokens like the cross-entropy (so accumulation and ranks split it exactly); it is
+// reported in Accumulation::z_loss and left out of `loss` and `micro_losses`, which stay
+// the cross-entropy the guard watches.
 Accumulation accumulate(model::LlamaForCausalLMImpl& model, const std::vector<data::Batch>& micro_batches,
                         int64_t total_tokens, const amp::AmpOptions& amp, const c10::Device& device,
                         double loss_scale, bool measure_first,
-                        const std::function<void(const Accumulation&)>& before_last_backward = {});
+                        const std::function<void(const Accumulation&)>& before_last_backward = {},
+                        double z_loss = 0);
 
 // Mean loss over the trained targets of up to `batches` micro-batches of `micro_batch` samples taken
 // from the start of `dataset` (never wrapping past its end), without gradients. Syncs once.
