@@ -180,6 +180,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("halt", [](const O& o) { return o.outcome.halt; })
       .def_property_readonly("halt_message", [](const O& o) { return none_if_empty(o.outcome.halt_message); })
       .def_property_readonly("noise_scale", [](const O& o) { return none_if_nan(o.outcome.noise_scale); })
+      .def_property_readonly("z_loss", [](const O& o) { return none_if_nan(o.outcome.z_loss); })
       .def_property_readonly("noise_warning", [](const O& o) { return o.outcome.noise_warning; })
       .def_property_readonly("step_seconds", [](const O& o) { return o.outcome.step_seconds; })
       .def_readwrite("host_reads", &O::host_reads)
@@ -225,9 +226,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           [](GuardCore& g, int64_t step, const at::Tensor& loss, std::optional<at::Tensor> micro_losses, double lr,
              std::optional<at::Tensor> noise_sq_norm, double noise_share, double noise_micro_batch,
              double noise_global_batch, const std::string& injected, std::optional<at::Tensor> inputs,
-             std::optional<at::Tensor> targets, std::optional<at::Tensor> sample_index, int64_t tokens) {
+             std::optional<at::Tensor> targets, std::optional<at::Tensor> sample_index, int64_t tokens,
+             std::optional<at::Tensor> z_loss) {
             CoreStepInputs in;
             in.inputs.loss = loss;
+            if (z_loss) in.inputs.z_loss = *z_loss;
             if (micro_losses) in.inputs.micro_losses = *micro_losses;
             if (noise_sq_norm) in.inputs.noise_sq_norm = *noise_sq_norm;
             in.inputs.noise_share = noise_share;
@@ -243,7 +246,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           },
           py::arg("step"), py::arg("loss"), py::arg("micro_losses"), py::arg("lr"), py::arg("noise_sq_norm"),
           py::arg("noise_share"), py::arg("noise_micro_batch"), py::arg("noise_global_batch"), py::arg("injected"),
-          py::arg("inputs"), py::arg("targets"), py::arg("sample_index"), py::arg("tokens"))
+          py::arg("inputs"), py::arg("targets"), py::arg("sample_index"), py::arg("tokens"),
+          py::arg("z_loss") = py::none())
       .def("write_validation", &GuardCore::write_validation, py::arg("step"), py::arg("val_loss"))
       .def("write_event", &GuardCore::write_event, py::arg("json_object"))
       .def("state_dict", &GuardCore::state_dict)

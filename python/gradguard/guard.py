@@ -208,7 +208,7 @@ class Guard:
         self._noise = (sq, float(share), float(micro_batch))
 
     # ---- after backward -----------------------------------------------------------------
-    def step(self, step, loss, micro_losses=None, lr=None, batch=None, tokens=None, injected=None):
+    def step(self, step, loss, micro_losses=None, lr=None, batch=None, tokens=None, injected=None, z_loss=None):
         """Runs the guard on the gradients in ``.grad`` (scaled by loss_scale).
 
         Args:
@@ -221,6 +221,9 @@ class Guard:
             batch: (inputs, targets[, sample_index]) kept in a snapshot; rank 0's.
             tokens: target tokens of the global batch, for metrics.
             injected: the name of a fault the loop injected on purpose (the diagnosis says so).
+            z_loss: this rank's auxiliary z-loss term (PaLM: c x logsumexp(logits)^2 over the
+                trained targets, as a mean like ``loss``), when the loop adds one to its
+                objective: averaged over the ranks, logged as ``z_loss``, kept out of ``loss``.
 
         Returns the step's StepOutcome. Unscales and clips ``.grad`` in place; never
         steps the optimizer (``if out.applied: optimizer.step()``).
@@ -229,7 +232,7 @@ class Guard:
         if counter is not None:
             counter.__enter__()
         try:
-            out = self._step(step, loss, micro_losses, lr, batch, tokens, injected)
+            out = self._step(step, loss, micro_losses, lr, batch, tokens, injected, z_loss)
         finally:
             if counter is not None:
                 counter.__exit__(None, None, None)
@@ -237,8 +240,12 @@ class Guard:
             out.host_reads = counter.count
         return out
 
-    def _step(self, step, loss, micro_losses, lr, batch, tokens, injected):
+    def _step(self, step, loss, micro_losses, lr, batch, tokens, injected, z_loss):
         loss_t = loss.detach().reshape(()) if torch.is_tensor(loss) else torch.tensor(float(loss))
+        z_t = None
+        if z_loss is not None:
+            z_t = (z_loss.detach().reshape(()) if torch.is_tensor(z_loss) else torch.tensor(float(z_loss))).to(
+                loss_t.device)
         micro = None
         if micro_losses is not None:
             if torch.is_tensor(micro_losses):
@@ -249,16 +256,16 @@ class Guard:
         noise, self._noise = self._noise, None
         noise_sq, share, micro_batch = (noise if noise is not None else (None, 0.0, 0.0))
         if self.world_size > 1:
-            loss_t, micro, noise_sq = self._all_reduce(loss_t, micro, noise_sq)
+            loss_t, micro, noise_sq, z_t = self._all_reduce(loss_t, micro, noise_sq, z_t)
         if lr is None and self.optimizer is not None:
             lr = self.optimizer.param_groups[0]["lr"]
         inputs, targets, sample_index = _batch_parts(batch) if self.rank == 0 else (None, None, None)
         return self._core.step(step, loss_t, micro, math.nan if lr is None else float(lr), noise_sq, share,
                                micro_batch, float(self._core.global_batch), injected or "", inputs, targets,
-                               sample_index, 0 if tokens is None else int(tokens))
+                               sample_index, 0 if tokens is None else int(tokens), z_t)
 
-    def _all_reduce(self, loss, micro, noise_sq):
-        """One all_reduce (sum) of [loss / W | micro losses in slots m x W + rank | noise / W]."""
+    def _all_reduce(self, loss, micro, noise_sq, z):
+        """One all_reduce (sum) of [loss / W | micro losses in slots m x W + rank | noise / W | z / W]."""
         w, r = self.world_size, self.rank
         parts = [loss.float().reshape(1) / w]
         n = 0 if micro is None else micro.numel()
@@ -268,10 +275,14 @@ class Guard:
             parts.append(grid.reshape(-1))
         if noise_sq is not None:
             parts.append(noise_sq.float().reshape(1) / w)
+        if z is not None:
+            parts.append(z.float().reshape(1) / w)
         side = torch.cat(parts)
         torch.distributed.all_reduce(side, group=self._group)
         micro = side[1:1 + n * w] if n else None
-        return side[0], micro, (side[1 + n * w] if noise_sq is not None else None)
+        at = 1 + n * w + (1 if noise_sq is not None else 0)
+        return (side[0], micro, (side[1 + n * w] if noise_sq is not None else None),
+                (side[at] if z is not None else None))
 
     def _rollback_available(self):
         ok = bool(self._user_rollback())

@@ -7,7 +7,8 @@ against), read the same token file in the same order (docs/design.md "Data order
 and use the same settings: fp32, AdamW with weight decay on dim >= 2 tensors only,
 warmup + cosine to min_lr, global clipping at 1.0, the loss as the token mean of the
 global batch. Per step, loss, grad_norm and lr agree to 1e-5 relative over 30 steps,
-and every guarded step makes exactly one device->host read.
+and every guarded step makes exactly one device->host read. A second pair adds PaLM's
+z-loss, written here in PyTorch, against `loss.z_loss`.
 """
 import math
 import os
@@ -78,14 +79,15 @@ class Parity(unittest.TestCase):
     def tearDownClass(cls):
         cls.tmp.cleanup()
 
-    def run_cli(self):
+    def run_cli(self, name="cli", z_loss=0.0):
         overrides = dict(SHARED)
+        overrides.update({"loss.z_loss": z_loss} if z_loss else {})
         overrides.update({
             "model.init_from": self.hf_dir,
             "data.train_path": self.token_file,
             "data.val_path": "",
             "run.dir": self.tmp.name,
-            "run.name": "cli",
+            "run.name": name,
             "run.threads": 1,
             "telemetry.enabled": False,
             "log.tensorboard": False,
@@ -96,9 +98,9 @@ class Parity(unittest.TestCase):
             cmd += ["--set", s]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
         self.assertEqual(proc.returncode, 0, "gradguard train failed:\n%s\n%s" % (proc.stdout, proc.stderr))
-        return util.step_lines(os.path.join(self.tmp.name, "cli", "metrics.jsonl"))
+        return util.step_lines(os.path.join(self.tmp.name, name, "metrics.jsonl"))
 
-    def run_python(self):
+    def run_python(self, name="py", z_loss=0.0):
         model = LlamaForCausalLM(self.cfg)
         model.load_state_dict(self.initial)
         decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -106,8 +108,9 @@ class Parity(unittest.TestCase):
         optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                                        {"params": no_decay, "weight_decay": 0.0}],
                                       lr=LR, betas=(0.9, 0.95), eps=1e-8, foreach=False)
-        run_dir = os.path.join(self.tmp.name, "py")
-        guard = gradguard.Guard(model, optimizer, run_dir=run_dir, config=SHARED, warmup_steps=WARMUP, peak_lr=LR,
+        run_dir = os.path.join(self.tmp.name, name)
+        config = dict(SHARED, **({"loss.z_loss": z_loss} if z_loss else {}))
+        guard = gradguard.Guard(model, optimizer, run_dir=run_dir, config=config, warmup_steps=WARMUP, peak_lr=LR,
                                 count_host_reads=True)
         tokens = torch.from_numpy(self.tokens)
         samples = (len(self.tokens) - 1) // SEQ
@@ -118,7 +121,7 @@ class Parity(unittest.TestCase):
             for group in optimizer.param_groups:
                 group["lr"] = lr
             optimizer.zero_grad(set_to_none=True)
-            loss_sum, micro = torch.zeros(()), []
+            loss_sum, z_sum, micro = torch.zeros(()), torch.zeros(()), []
             for m in range(ACCUM):
                 first = (step * ACCUM + m) * MICRO
                 rows = [tokens[((first + b) % samples) * SEQ:][:SEQ + 1] for b in range(MICRO)]
@@ -126,10 +129,15 @@ class Parity(unittest.TestCase):
                 logits = model(window[:, :-1])
                 summed = F.cross_entropy(logits.reshape(-1, VOCAB), window[:, 1:].reshape(-1), reduction="sum")
                 loss = summed / total_tokens
-                (loss * guard.loss_scale).backward()
+                objective = loss
+                if z_loss:  # PaLM's z-loss: c x log^2 Z per target, the token mean of the global batch
+                    z = z_loss * torch.logsumexp(logits.float(), dim=-1).square().sum() / total_tokens
+                    objective = loss + z
+                    z_sum += z.detach()
+                (objective * guard.loss_scale).backward()
                 loss_sum += loss.detach()
                 micro.append(summed.detach() / window[:, 1:].numel())
-            out = guard.step(step, loss_sum, micro, lr=lr)
+            out = guard.step(step, loss_sum, micro, lr=lr, z_loss=z_sum if z_loss else None)
             if out.applied:
                 optimizer.step()
             outcomes.append(out)
@@ -156,6 +164,24 @@ class Parity(unittest.TestCase):
             self.assertAlmostEqual(out.clip_coef, ref["clip_coef"], delta=RTOL)
         print("\nworst relative difference over %d steps: loss %.2e, grad_norm %.2e, lr %.2e"
               % (STEPS, worst["loss"], worst["grad_norm"], worst["lr"]))
+
+    def test_z_loss_matches_gradguard_train(self):
+        # The same loop with PaLM's z-loss written in PyTorch against loss.z_loss in the
+        # trainer: the objective changes the trajectory (so loss and grad_norm check the
+        # gradient it adds), and the logged term is the same number.
+        c = 1e-2
+        cli = self.run_cli("cli-z", c)
+        outcomes, py_metrics = self.run_python("py-z", c)
+        plain = self.run_cli("cli-plain")
+        self.assertNotAlmostEqual(cli[STEPS - 1]["loss"], plain[STEPS - 1]["loss"], delta=1e-4)
+        for step, out in enumerate(outcomes):
+            ref = cli[step]
+            for key, mine in (("loss", out.loss), ("grad_norm", out.grad_norm), ("z_loss", out.z_loss)):
+                rel = abs(mine - ref[key]) / abs(ref[key])
+                self.assertLess(rel, RTOL, "step %d %s: python %.9g, gradguard train %.9g (rel %.2e)"
+                                % (step, key, mine, ref[key], rel))
+            self.assertAlmostEqual(py_metrics[step]["z_loss"], out.z_loss, delta=abs(out.z_loss) * 1e-6)
+            self.assertNotIn("z_loss", plain[step])
 
 
 if __name__ == "__main__":
