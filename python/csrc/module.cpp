@@ -181,6 +181,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("halt_message", [](const O& o) { return none_if_empty(o.outcome.halt_message); })
       .def_property_readonly("noise_scale", [](const O& o) { return none_if_nan(o.outcome.noise_scale); })
       .def_property_readonly("z_loss", [](const O& o) { return none_if_nan(o.outcome.z_loss); })
+      .def_property_readonly("skip_rule", [](const O& o) { return o.outcome.skip_rule.skip; })
       .def_property_readonly("noise_warning", [](const O& o) { return o.outcome.noise_warning; })
       .def_property_readonly("step_seconds", [](const O& o) { return o.outcome.step_seconds; })
       .def_readwrite("host_reads", &O::host_reads)

@@ -57,6 +57,12 @@ void NoiseScaleOptions::validate() const {
   at_least(warn_after, 1, "guard.noise_scale.warn_after");
 }
 
+void SkipRuleOptions::validate() const {
+  if (!(sigma >= 0) || !std::isfinite(sigma))
+    throw bad_input("guard.skip_rule.sigma", "must be a finite number >= 0 (0 = off), got " + format_number(sigma));
+  at_least(window, 4, "guard.skip_rule.window");
+}
+
 bool InjectOptions::nonfinite_at(int64_t step) const {
   if (std::find(nonfinite_steps.begin(), nonfinite_steps.end(), step) != nonfinite_steps.end()) return true;
   return overflow_storm.size() == 2 && step >= overflow_storm[0] && step < overflow_storm[0] + overflow_storm[1];
@@ -93,6 +99,7 @@ void GuardOptions::validate() const {
   recovery.validate();
   snapshot.validate();
   noise_scale.validate();
+  skip_rule.validate();
   inject.validate();
 }
 

@@ -50,7 +50,8 @@ GuardedStep::GuardedStep(const GuardedStepOptions& options, std::vector<at::Tens
       clipper_(options_.clip, params_, names_),
       detector_(options_.guard, stats_.groups().names, resolved_warmup(options_)),
       ladder_(options_.guard.recovery),
-      noise_(options_.guard.noise_scale.ema) {}
+      noise_(options_.guard.noise_scale.ema),
+      skip_rule_(options_.guard.skip_rule.sigma, options_.guard.skip_rule.window) {}
 
 StepOutcome GuardedStep::step(int64_t step, const StepInputs& in) {
   TORCH_CHECK(in.loss.defined(), "GuardedStep::step: inputs.loss is required");
@@ -158,7 +159,10 @@ StepOutcome GuardedStep::step(int64_t step, const StepInputs& in) {
     }
   }
 
-  out.applied = !out.scaler.skipped && !out.verdict.critical() && !out.halt;
+  // The skip rule judges every step on the values already on the host (no sync), apart
+  // from the detector and the ladder: it drops an outlier step and nothing more.
+  out.skip_rule = skip_rule_.observe(out.loss, out.clip.grad_norm);
+  out.applied = !out.scaler.skipped && !out.verdict.critical() && !out.halt && !out.skip_rule.skip;
   if (out.applied && hooks_.optimizer_step) hooks_.optimizer_step();
   detector_.record_outcome(out.applied);
   last_end_ = std::chrono::steady_clock::now();
@@ -169,7 +173,11 @@ nlohmann::json GuardedStep::state_dict() const {
   return {{"scaler", scaler_.state_dict()},
           {"clipper", clipper_.state_dict()},
           {"last_scale_growth", last_scale_growth_},
-          {"guard", {{"detector", detector_.state_dict()}, {"recovery", ladder_.state_dict()}, {"noise_scale", noise_.state_dict()}}}};
+          {"guard",
+           {{"detector", detector_.state_dict()},
+            {"recovery", ladder_.state_dict()},
+            {"noise_scale", noise_.state_dict()},
+            {"skip_rule", skip_rule_.state_dict()}}}};
 }
 
 void GuardedStep::load_state_dict(const nlohmann::json& state, RestoreScope scope, const std::string& where) {
@@ -190,6 +198,7 @@ void GuardedStep::apply_state(const nlohmann::json& state, RestoreScope scope, c
   if (!r.has("guard")) return;
   const JsonReader g = r.object("guard");
   detector_.load_state_dict(g.raw("detector"), where);
+  if (g.has("skip_rule")) skip_rule_.load_state_dict(g.raw("skip_rule"), where);  // absent before the rule existed
   if (scope != RestoreScope::kResume) return;
   ladder_.load_state_dict(g.raw("recovery"), where);
   noise_.load_state_dict(g.raw("noise_scale"), where);

@@ -102,6 +102,14 @@ int64_t MetricsWriter::write_events(const guard::StepOutcome& o, int64_t global_
   if (o.scaler.skipped)
     write(nlohmann::ordered_json{{"step", step}, {"event", "skip"}, {"reason", "nonfinite_gradients"},
                                  {"loss_scale", o.loss_scale}, {"next_loss_scale", o.scaler.next_scale}});
+  if (o.skip_rule.skip)
+    write(nlohmann::ordered_json{{"step", step},
+                                 {"event", "skip"},
+                                 {"reason", "skip_rule"},
+                                 {"loss", json_number(o.loss)},
+                                 {"loss_limit", json_number(o.skip_rule.loss_limit)},
+                                 {"grad_norm", json_number(o.clip.grad_norm)},
+                                 {"grad_norm_limit", json_number(o.skip_rule.grad_norm_limit)}});
   for (const auto& a : o.verdict.anomalies) write(guard::to_event(step, a));
   if (o.recovery) {
     const auto& r = *o.recovery;

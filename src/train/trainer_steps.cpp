@@ -188,6 +188,13 @@ int64_t Trainer::State::log_step(const guard::StepOutcome& out, const StepMetric
                   (long long)c.batch.global_batch, c.batch.global_batch / out.noise_scale, out.noise_scale);
     progress->line(msg);
   }
+  if (out.skip_rule.skip) {
+    char msg[256];
+    std::snprintf(msg, sizeof msg, "step %lld: skipped by guard.skip_rule (loss %.4g, limit %.4g; grad norm %.4g, limit %.4g)",
+                  (long long)out.step, out.loss, out.skip_rule.loss_limit, out.clip.grad_norm,
+                  out.skip_rule.grad_norm_limit);
+    progress->line(msg);
+  }
   if (out.recovery) {
     const auto* primary = out.verdict.primary();
     progress->line("step " + std::to_string(out.step) + ": anomaly " + name_of(primary->kind) + " (" +

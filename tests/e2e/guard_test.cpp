@@ -312,5 +312,48 @@ TEST_F(Guard, ZLossIsLoggedApartAndTwoRanksReportTheOneProcessValue) {
   for (auto& l : lines("z0")) EXPECT_FALSE(l.contains("z_loss")) << l.dump();
 }
 
+TEST_F(Guard, SkipRuleDropsAnInjectedSpikeAndResumesWithItsWindow) {
+  // The detector's own rules are off, so only guard.skip_rule can drop the random-token
+  // batch at step 30; without the rule the same step is applied.
+  const std::string common =
+      " --set guard.inject.spike_steps=[30] --set guard.loss_zscore=0 --set guard.grad_norm_factor=0"
+      " --set guard.layer_zscore=0 --set log.every=1 --set checkpoint.every=20 --set schedule.decay=constant ";
+  const std::string rule = " --set guard.skip_rule.sigma=4 --set guard.skip_rule.window=16 ";
+  auto r = run_cli(train_args(40, common + rule + "--set run.name=rule"), dir_.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("step 30: skipped by guard.skip_rule"));
+  auto step_line = [&](const std::string& run, int64_t step) {
+    for (auto& l : lines(run))
+      if (!l.contains("event") && l.contains("loss") && l["step"] == step) return l;
+    return nlohmann::json();
+  };
+  bool found = false;
+  for (auto& e : events("rule", "skip"))
+    if (e["step"] == 30) {
+      found = true;
+      EXPECT_EQ(e["reason"], "skip_rule");
+      EXPECT_GT(e["loss"].get<double>(), e["loss_limit"].get<double>()) << e.dump();
+    }
+  EXPECT_TRUE(found);
+  EXPECT_TRUE(step_line("rule", 30)["skipped"].get<bool>());
+
+  r = run_cli(train_args(40, common + "--set run.name=norule"), dir_.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(step_line("norule", 30)["skipped"].get<bool>());
+  EXPECT_TRUE(events("norule", "skip").empty());
+
+  // Resumed at step 20 (a constant schedule, so 20 + 20 steps are the 40 straight ones),
+  // the rule's window comes back with the checkpoint: the same steps are skipped with the
+  // same limits.
+  r = run_cli(train_args(20, common + rule + "--set run.name=split"), dir_.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_cli(train_args(40, common + rule + "--set run.name=split --resume runs/split"), dir_.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::map<int64_t, double> straight, resumed;
+  for (auto& e : events("rule", "skip")) straight[e["step"]] = e["loss_limit"];
+  for (auto& e : events("split", "skip")) resumed[e["step"]] = e["loss_limit"];
+  EXPECT_EQ(resumed, straight);
+}
+
 }  // namespace
 }  // namespace gradguard

@@ -112,6 +112,21 @@ struct NoiseScaleOptions {
   }
 };
 
+// OLMo-core's skip rule (guard/skip_rule.h).
+struct SkipRuleOptions {
+  double sigma = 0;
+  int64_t window = 128;
+  void validate() const;
+
+  template <class Field>
+  void fields(Field&& field) {
+    field("sigma", sigma,
+          "skip a step whose loss or gradient norm is more than sigma standard deviations above the mean of the "
+          "last `window` steps (OLMo-core's rule; OLMo 2 uses 6); independent of the detector and the ladder; 0 = off");
+    field("window", window, "steps of loss and gradient-norm history the rule compares with; armed after window / 2; >= 4");
+  }
+};
+
 // Faults injected on purpose, to test the guard and to demonstrate it.
 struct InjectOptions {
   std::vector<int64_t> nonfinite_steps;
@@ -145,6 +160,7 @@ struct GuardOptions {
   RecoveryOptions recovery;
   SnapshotOptions snapshot;
   NoiseScaleOptions noise_scale;
+  SkipRuleOptions skip_rule;
   InjectOptions inject;
   void validate() const;  // throws gradguard::Error (bad input) naming guard.<key>
 
@@ -168,6 +184,7 @@ struct GuardOptions {
     nested(field, "recovery", recovery);
     nested(field, "snapshot", snapshot);
     nested(field, "noise_scale", noise_scale);
+    nested(field, "skip_rule", skip_rule);
     nested(field, "inject", inject);
   }
 };

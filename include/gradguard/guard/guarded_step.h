@@ -44,6 +44,7 @@
 #include "gradguard/guard/detector.h"
 #include "gradguard/guard/guard_options.h"
 #include "gradguard/guard/noise_scale.h"
+#include "gradguard/guard/skip_rule.h"
 #include "gradguard/guard/recovery.h"
 #include "gradguard/optim/optimizer.h"
 
@@ -110,6 +111,7 @@ struct StepOutcome {
   int64_t tensors_reset = 0;         // moments reset by a reset_moments decision
   SnapshotResult snapshot;           // on a critical step
   bool applied = false;              // the update was applied (or, without an optimizer hook, must be)
+  SkipDecision skip_rule;            // guard.skip_rule's judgement (skip: the step was not applied)
   double noise_scale = std::numeric_limits<double>::quiet_NaN();  // B_simple (sequences); NaN = not measured
   bool noise_warning = false;        // first time global batch > warn_ratio x B_simple
   bool halt = false;                 // training cannot go on (exit 3): the ladder is spent, or
@@ -194,6 +196,7 @@ class GuardedStep {
   AnomalyDetector detector_;
   RecoveryLadder ladder_;
   NoiseScaleEstimator noise_;
+  SkipRule skip_rule_;
   bool noise_warned_ = false;
   int64_t last_scale_growth_ = -1;
   std::deque<double> recent_norms_, recent_seconds_;  // [last 50 steps] for the diagnosis
