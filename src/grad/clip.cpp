@@ -28,6 +28,11 @@ void ClipOptions::validate() const {
   if (!(zscore_alpha > 0 && zscore_alpha < 1))
     throw bad_input("clip.zscore_alpha", "must be in (0, 1), got " + std::to_string(zscore_alpha));
   if (zscore_warmup < 2) throw bad_input("clip.zscore_warmup", "must be >= 2, got " + std::to_string(zscore_warmup));
+  if (!(adagc_lambda >= 1) || !std::isfinite(adagc_lambda))
+    throw bad_input("clip.adagc_lambda", "must be a finite number >= 1, got " + format_number(adagc_lambda));
+  if (!(adagc_beta >= 0 && adagc_beta < 1))
+    throw bad_input("clip.adagc_beta", "must be in [0, 1), got " + format_number(adagc_beta));
+  if (adagc_warmup < 0) throw bad_input("clip.adagc_warmup", "must be >= 0, got " + std::to_string(adagc_warmup));
 }
 
 double torch_clip_coef(double norm, double max_norm) {
@@ -120,6 +125,8 @@ ClipResult Clipper::apply(const GradStats& stats) {
       if (g.defined() && c < 1.0) g.mul_(torch::full({}, c, g.options()));
     }
     r.clip_coef = g > 0 ? std::sqrt(after) / g : 1.0;
+  } else if (s == ClipStrategy::kAdagc) {
+    apply_adagc(stats, &r);
   } else if (s == ClipStrategy::kAgc) {
     r.threshold = options_.agc_lambda;
     r.clip_coef = g > 0 ? stats.norm_after_device_clip / g : 1.0;
@@ -151,10 +158,52 @@ ClipResult Clipper::apply(const GradStats& stats) {
   return r;
 }
 
+void Clipper::apply_adagc(const GradStats& stats, ClipResult* r) {
+  const size_t n = params_.size();
+  if (ada_gamma_.size() != n) ada_gamma_.assign(n, std::nan(""));
+  std::vector<double> coef(n, 1.0);
+  const double g = stats.global_norm;
+  if (ada_count_ < options_.adagc_warmup) {
+    // Global clipping while each tensor's threshold starts at the smallest clipped norm
+    // it has shown (a tensor without a gradient yet shows none).
+    r->threshold = options_.max_norm;
+    r->threshold_is_global = true;
+    const double c = torch_clip_coef(g, options_.max_norm);
+    coef.assign(n, c);
+    for (size_t i = 0; i < n; ++i) {
+      const double clipped = c * stats.tensor_norms[i];
+      if (clipped > 0 && !(clipped >= ada_gamma_[i])) ada_gamma_[i] = clipped;
+    }
+  } else {
+    r->threshold = options_.adagc_lambda;  // a ratio to each tensor's EMA
+    const double beta = options_.adagc_beta;
+    for (size_t i = 0; i < n; ++i) {
+      const double norm = stats.tensor_norms[i];
+      if (!(norm > 0)) continue;  // no gradient: nothing to bound or learn
+      if (std::isnan(ada_gamma_[i])) {  // first gradient of this tensor: it sets the scale
+        ada_gamma_[i] = norm;
+        continue;
+      }
+      coef[i] = std::min(1.0, options_.adagc_lambda * ada_gamma_[i] / norm);
+      ada_gamma_[i] = beta * ada_gamma_[i] + (1 - beta) * coef[i] * norm;
+    }
+  }
+  ++ada_count_;
+  torch::NoGradGuard no_grad;
+  double after = 0;
+  for (size_t i = 0; i < n; ++i) {
+    after += std::pow(coef[i] * stats.tensor_norms[i], 2);
+    auto grad = params_[i].grad();
+    if (grad.defined() && coef[i] < 1.0) grad.mul_(torch::full({}, coef[i], grad.options()));
+  }
+  r->clip_coef = g > 0 ? std::sqrt(after) / g : 1.0;
+}
+
 nlohmann::json Clipper::state_dict() const {
   return {{"strategy", name_of(options_.strategy)}, {"history", std::vector<double>(history_.begin(), history_.end())},
           {"z_count", z_count_},           {"z_seed", z_seed_},
-          {"z_mean", z_mean_},             {"z_var", z_var_}};
+          {"z_mean", z_mean_},             {"z_var", z_var_},
+          {"adagc_count", ada_count_},     {"adagc_gamma", ada_gamma_}};  // NaN (none seen) is written as null
 }
 
 void Clipper::load_state_dict(const nlohmann::json& j, const std::string& where) {
@@ -169,7 +218,17 @@ void Clipper::load_state_dict(const nlohmann::json& j, const std::string& where)
   const int64_t z_count = r.integer("z_count", 0);
   const double z_mean = r.number("z_mean"), z_var = r.number("z_var");
   if (z_var < 0) r.fail("z_var", "must be >= 0, got " + format_number(z_var));
+  // AdaGC's state, absent from a state written before the strategy existed.
+  const int64_t ada_count = r.has("adagc_count") ? r.integer("adagc_count", 0) : 0;
+  const auto gamma = r.has("adagc_gamma") ? r.numbers("adagc_gamma", /*nullable=*/true) : std::vector<double>{};
+  if (!gamma.empty() && gamma.size() != params_.size())
+    r.fail("adagc_gamma", "holds " + std::to_string(gamma.size()) + " tensors, the model has " +
+                              std::to_string(params_.size()));
+  for (double v : gamma)
+    if (v < 0) r.fail("adagc_gamma", "must hold norms >= 0, got " + format_number(v));
   history_.assign(history.begin(), history.end());
+  ada_count_ = ada_count;
+  ada_gamma_ = gamma;
   z_count_ = z_count;
   z_seed_ = z_seed;
   z_mean_ = z_mean;

@@ -191,6 +191,7 @@ TEST_F(Cli, EveryOptimizerAndStrategyTrains) {
                            "--set optim.name=lars --set optim.lr=1 --set clip.strategy=layerwise --name lars",
                            "--set optim.name=adam_atan2 --set optim.update_clipping=true --name atan2",
                            "--set clip.strategy=history --set schedule.decay=wsd --name hist",
+                           "--set clip.strategy=adagc --set clip.adagc_warmup=2 --name adagc",
                            "--set optim.lr_scaling=sqrt --set optim.base_batch=2 --name scaled"}) {
     auto r = run_cli(train_args(args), dir_.path());
     EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.output;

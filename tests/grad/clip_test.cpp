@@ -1,6 +1,6 @@
 // Clipping strategies. `global` against torch.nn.utils.clip_grad_norm_
 // (tests/golden/clip.json); history, layerwise, agc and zscore against hand-computed
-// cases from their definitions (clip.h).
+// cases from their definitions (clip.h); adagc against its paper's formula in float64.
 #include "gradguard/grad/clip.h"
 
 #include <gmock/gmock.h>
@@ -177,6 +177,110 @@ TEST(Clip, ZscoreClipsOutliersAfterWarmup) {
   EXPECT_NEAR(s.params[0].grad().norm().item<double>() * 5.0 / 3.0, thr, 1e-4);
 }
 
+// AdaGC (Wang et al. 2025, arXiv 2502.11034), its formula evaluated here in float64:
+// warmup: global clip at max_norm, gamma_i = min(gamma_i, ||clipped g_i||); after:
+// h_i = min(1, lambda gamma_i / ||g_i||), gamma_i <- beta gamma_i + (1 - beta) h_i ||g_i||.
+struct ThreeTensors {
+  std::vector<torch::Tensor> params;
+  std::vector<std::string> names = {"layers.0.a", "layers.0.b", "layers.1.c"};
+  ThreeTensors() {
+    for (int64_t n : {6, 4, 5}) params.push_back(torch::zeros({n}, torch::requires_grad()));
+  }
+  // Gradients whose per-tensor norms are `norms` (a fixed direction scaled).
+  void set(const std::vector<double>& norms) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto d = torch::arange(1, params[i].numel() + 1, torch::kFloat);
+      params[i].mutable_grad() = d / d.norm() * static_cast<float>(norms[i]);
+    }
+  }
+  ClipResult run(Clipper& c) {
+    GradStatsComputer stats(params, names);
+    return c.apply(stats.compute(1.0, {}, c.device_hook()));
+  }
+};
+
+TEST(Clip, AdagcFollowsItsFormulaAndClipsOnlyTheSpikedTensor) {
+  ClipOptions o;
+  o.strategy = ClipStrategy::kAdagc;
+  o.max_norm = 1.0;
+  o.adagc_warmup = 3;
+  o.adagc_lambda = 1.05;
+  o.adagc_beta = 0.9;
+  ThreeTensors t;
+  Clipper c(o, t.params, t.names);
+  std::vector<double> gamma(3, INFINITY);
+  const std::vector<std::vector<double>> warm = {{0.3, 0.4, 0.5}, {0.9, 0.2, 0.6}, {0.25, 0.5, 0.7}};
+  for (const auto& norms : warm) {  // warmup: the global clip of torch, gamma the running minimum
+    t.set(norms);
+    double g = 0;
+    for (double n : norms) g += n * n;
+    g = std::sqrt(g);
+    const auto r = t.run(c);
+    const double coef = std::min(1.0, 1.0 / (g + 1e-6));
+    EXPECT_NEAR(r.clip_coef, coef, 1e-6);
+    EXPECT_TRUE(r.threshold_is_global);
+    for (size_t i = 0; i < 3; ++i) gamma[i] = std::min(gamma[i], coef * norms[i]);
+  }
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(c.adagc_gamma()[i], gamma[i], 1e-6 * gamma[i]) << i;
+
+  // A 1000x spike in tensor 1 only: it is clipped to lambda gamma_1, the others untouched.
+  const std::vector<double> norms = {0.25, 1000 * 0.18, 0.5};  // 0 and 2 within 1.05 gamma
+  t.set(norms);
+  const auto before = std::vector<torch::Tensor>{t.params[0].grad().clone(), t.params[2].grad().clone()};
+  const auto r = t.run(c);
+  EXPECT_FALSE(r.threshold_is_global);
+  EXPECT_TRUE(torch::equal(t.params[0].grad(), before[0]));
+  EXPECT_TRUE(torch::equal(t.params[2].grad(), before[1]));
+  EXPECT_NEAR(t.params[1].grad().norm().item<double>(), 1.05 * gamma[1], 1e-5 * gamma[1]);
+  double after = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    const double h = std::min(1.0, 1.05 * gamma[i] / norms[i]);
+    after += std::pow(h * norms[i], 2);
+    gamma[i] = 0.9 * gamma[i] + 0.1 * h * norms[i];
+    EXPECT_NEAR(c.adagc_gamma()[i], gamma[i], 1e-6 * gamma[i]) << i;
+  }
+  double g = 0;
+  for (double n : norms) g += n * n;
+  EXPECT_NEAR(r.clip_coef, std::sqrt(after / g), 1e-6);
+
+  // Tensor 0 at 1.2 x its EMA is clipped to 1.05 x it; a tensor without a gradient is left be.
+  t.set({1.2 * gamma[0], 0.4, 0.6});
+  t.params[2].mutable_grad() = torch::Tensor();
+  const double want0 = 1.05 * gamma[0];
+  t.run(c);
+  EXPECT_NEAR(t.params[0].grad().norm().item<double>(), want0, 1e-5 * want0);
+  EXPECT_FALSE(t.params[2].grad().defined());
+}
+
+TEST(Clip, AdagcStateRoundTripsAndRefusesAnotherModel) {
+  ClipOptions o;
+  o.strategy = ClipStrategy::kAdagc;
+  o.adagc_warmup = 2;
+  ThreeTensors t;
+  Clipper a(o, t.params, t.names), b(o, t.params, t.names);
+  for (const auto& n : std::vector<std::vector<double>>{{0.3, 0.4, 0.5}, {0.2, 0.6, 0.4}, {0.3, 0.3, 3.0}}) {
+    t.set(n);
+    t.run(a);
+  }
+  b.load_state_dict(nlohmann::json::parse(a.state_dict().dump()));
+  EXPECT_EQ(b.adagc_gamma(), a.adagc_gamma());
+  for (const auto& n : std::vector<std::vector<double>>{{0.3, 9.0, 0.5}, {0.2, 0.6, 0.4}}) {
+    t.set(n);
+    const auto ra = t.run(a);
+    t.set(n);
+    const auto rb = t.run(b);
+    EXPECT_EQ(ra.clip_coef, rb.clip_coef);
+  }
+  auto bad = a.state_dict();
+  bad["adagc_gamma"].erase(0);
+  try {
+    b.load_state_dict(bad, "state.json");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("adagc_gamma"));
+  }
+}
+
 TEST(Clip, StateRoundTripContinuesIdentically) {
   ClipOptions o;
   o.strategy = ClipStrategy::kZscore;
@@ -232,6 +336,17 @@ TEST(Clip, RejectsBadOptions) {
       EXPECT_THAT(e.what(), HasSubstr(key));
     }
   };
+  {
+    ClipOptions o;
+    o.adagc_lambda = 0.5;
+    expect_key(o, "clip.adagc_lambda");
+    o = {};
+    o.adagc_beta = 1.0;
+    expect_key(o, "clip.adagc_beta");
+    o = {};
+    o.adagc_warmup = -1;
+    expect_key(o, "clip.adagc_warmup");
+  }
   // An unknown strategy is rejected where the config is read, naming the key and the
   // valid strategies.
   try {
@@ -240,7 +355,7 @@ TEST(Clip, RejectsBadOptions) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kBadInput);
     EXPECT_THAT(e.what(), HasSubstr("clip.strategy: 'adaptive' is not valid "
-                                    "(valid: none, global, history, layerwise, agc, zscore)"));
+                                    "(valid: none, global, history, layerwise, agc, zscore, adagc)"));
   }
   ClipOptions o;
   o.max_norm = 0;

@@ -14,6 +14,11 @@
 //   zscore    ZClip-style: EMA mean and variance of the global norm; after a warmup
 //             (during which max_norm applies) a norm whose z-score exceeds z is clipped
 //             to mean + z * std; the EMA is fed the clipped norm.
+//   adagc     AdaGC (Wang et al. 2025, arXiv 2502.11034): per tensor i, after a warmup
+//             of global clipping at max_norm during which gamma_i takes the running
+//             minimum of the clipped norms, h_i = min(1, lambda gamma_i / ||g_i||),
+//             g_i <- h_i g_i, gamma_i <- beta gamma_i + (1 - beta) ||h_i g_i||: each
+//             tensor bounded by an EMA of its own past (clipped) norms.
 // Every step reports the norm, the threshold used and the coefficient applied.
 #pragma once
 
@@ -30,14 +35,15 @@
 
 namespace gradguard::grad {
 
-enum class ClipStrategy { kNone, kGlobal, kHistory, kLayerwise, kAgc, kZscore };
-constexpr std::array<Choice<ClipStrategy>, 6> choices(ClipStrategy) {
+enum class ClipStrategy { kNone, kGlobal, kHistory, kLayerwise, kAgc, kZscore, kAdagc };
+constexpr std::array<Choice<ClipStrategy>, 7> choices(ClipStrategy) {
   return {{{ClipStrategy::kNone, "none"},
            {ClipStrategy::kGlobal, "global"},
            {ClipStrategy::kHistory, "history"},
            {ClipStrategy::kLayerwise, "layerwise"},
            {ClipStrategy::kAgc, "agc"},
-           {ClipStrategy::kZscore, "zscore"}}};
+           {ClipStrategy::kZscore, "zscore"},
+           {ClipStrategy::kAdagc, "adagc"}}};
 }
 
 struct ClipOptions {
@@ -51,6 +57,9 @@ struct ClipOptions {
   double zscore_threshold = 2.5;
   double zscore_alpha = 0.97;
   int64_t zscore_warmup = 25;
+  double adagc_lambda = 1.05;
+  double adagc_beta = 0.98;
+  int64_t adagc_warmup = 100;
   void validate() const;  // throws gradguard::Error naming clip.<key>
 
   template <class Field>
@@ -58,7 +67,7 @@ struct ClipOptions {
     field("strategy", strategy,
           "how the update is bounded: none (measure only) | global (clip_grad_norm_) | history (factor x recent "
           "mean) | layerwise (each layer to max_norm) | agc (each weight row to agc_lambda x its norm) | zscore "
-          "(norms far above their EMA)");
+          "(norms far above their EMA) | adagc (each tensor to adagc_lambda x an EMA of its own clipped norms)");
     field("max_norm", max_norm,
           "L2 threshold of global and layerwise, cap of history, threshold of zscore during its warmup; > 0");
     field("error_if_nonfinite", error_if_nonfinite,
@@ -72,6 +81,12 @@ struct ClipOptions {
           "zscore: a norm more than this many standard deviations above the EMA mean is clipped to mean + z x std; > 0");
     field("zscore_alpha", zscore_alpha, "zscore: EMA decay of the norm's mean and variance; in (0, 1)");
     field("zscore_warmup", zscore_warmup, "zscore: steps that seed the mean and variance (max_norm applies); >= 2");
+    field("adagc_lambda", adagc_lambda,
+          "adagc: a tensor's gradient norm is held to lambda x the EMA of its past clipped norms; >= 1");
+    field("adagc_beta", adagc_beta, "adagc: EMA decay of each tensor's clipped norm; in [0, 1)");
+    field("adagc_warmup", adagc_warmup,
+          "adagc: first steps clipped globally at max_norm while each tensor's EMA starts at the smallest clipped "
+          "norm seen; >= 0");
   }
 };
 
@@ -98,6 +113,7 @@ class Clipper {
   // statistics leave the gradients alone (the step is skipped) and the history
   // untouched, or throw gradguard::Error (kHalted) with error_if_nonfinite.
   ClipResult apply(const GradStats& stats);
+  const std::vector<double>& adagc_gamma() const { return ada_gamma_; }
 
   nlohmann::json state_dict() const;            // history window / EMA state
   // Checks every field before it changes anything; throws gradguard::Error (bad input)
@@ -106,6 +122,7 @@ class Clipper {
 
  private:
   void scale_all(double coef);
+  void apply_adagc(const GradStats& stats, ClipResult* r);
 
   ClipOptions options_;
   std::vector<at::Tensor> params_;
@@ -115,6 +132,8 @@ class Clipper {
   int64_t z_count_ = 0;                 // zscore: finite steps seen
   std::vector<double> z_seed_;          // zscore: warmup norms
   double z_mean_ = 0, z_var_ = 0;       // zscore: EMA state
+  int64_t ada_count_ = 0;               // adagc: finite steps seen
+  std::vector<double> ada_gamma_;       // adagc: [tensor] EMA of the clipped norm; NaN = none seen yet
 };
 
 // PyTorch's clip coefficient in float32 arithmetic: min(1, fl(fl(1 / fl(norm + 1e-6)) * max_norm)).
