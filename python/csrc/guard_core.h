@@ -80,6 +80,10 @@ class GuardCore {
 
   double loss_scale() const { return guarded_->loss_scale(); }
   double lr_factor(int64_t step) const { return guarded_->lr_factor(step); }
+  // amp.dtype, made wider while the recovery ladder's precision fallback lasts.
+  std::string compute_dtype(int64_t step) const {
+    return name_of(guarded_->compute_dtype(step, config().amp.dtype));
+  }
   // Whether `step` is one whose noise-scale sample the guard uses.
   bool noise_due(int64_t step) const;
 

@@ -221,6 +221,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("rollback_available"), py::arg("write_model"))
       .def_property_readonly("loss_scale", &GuardCore::loss_scale)
       .def("lr_factor", &GuardCore::lr_factor, py::arg("step"))
+      .def("compute_dtype", &GuardCore::compute_dtype, py::arg("step"))
       .def("noise_due", &GuardCore::noise_due, py::arg("step"))
       .def(
           "step",

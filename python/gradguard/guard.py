@@ -191,6 +191,12 @@ class Guard:
         """The recovery ladder's learning-rate factor at ``step`` (cooldown_factor in a cool-down, else 1)."""
         return self._core.lr_factor(step)
 
+    def compute_dtype(self, step):
+        """The dtype ("fp32", "bf16" or "fp16") this step's forward and backward should compute
+        in: amp.dtype, made wider (fp16 -> bf16 -> fp32) while the recovery ladder's
+        ``precision`` rung lasts. A loop with autocast passes it on."""
+        return self._core.compute_dtype(step)
+
     def noise_due(self, step):
         """Whether ``step`` samples the gradient noise scale (guard.noise_scale.every)."""
         return self._core.noise_due(step)

@@ -387,6 +387,11 @@ void Config::validate_memory(int64_t world_size) const {
     throw bad_input("optim.name", std::string(name_of(optim.name)) +
                                       " needs whole tensors for its trust ratio; memory.zero_stage, "
                                       "memory.offload_optimizer and master weights run adamw and adam_atan2");
+  const auto& ladder = guard.recovery.ladder;
+  if (low_precision && std::find(ladder.begin(), ladder.end(), guard::RecoveryAction::kPrecision) != ladder.end())
+    throw bad_input("guard.recovery.ladder", std::string("the precision rung computes wider than the ") +
+                                                 name_of(m.weights_dtype) +
+                                                 " weights (memory.weights_dtype) allow: drop it or keep fp32 weights");
   if (m.zero_stage > 0 && optim.update_clipping && world_size > 1)
     throw bad_input("optim.update_clipping", "needs each tensor whole on one rank; memory.zero_stage 1 on " +
                                                  std::to_string(world_size) + " ranks splits them: turn one off");

@@ -34,6 +34,8 @@ void RecoveryOptions::validate() const {
   at_least(cooldown_budget, 0, "guard.recovery.cooldown_budget");
   at_least(reset_budget, 0, "guard.recovery.reset_budget");
   at_least(rollback_budget, 0, "guard.recovery.rollback_budget");
+  at_least(precision_budget, 0, "guard.recovery.precision_budget");
+  at_least(precision_steps, 1, "guard.recovery.precision_steps");
   at_least(calm_steps, 1, "guard.recovery.calm_steps");
   if (!(cooldown_factor > 0 && cooldown_factor <= 1))
     throw bad_input("guard.recovery.cooldown_factor", "must be in (0, 1], got " + format_number(cooldown_factor));

@@ -169,6 +169,13 @@ StepOutcome GuardedStep::step(int64_t step, const StepInputs& in) {
   return out;
 }
 
+amp::AmpDtype GuardedStep::compute_dtype(int64_t step, amp::AmpDtype configured) const {
+  amp::AmpDtype d = configured;
+  for (int64_t level = ladder_.precision_level(step); level > 0; --level)
+    d = d == amp::AmpDtype::kFp16 ? amp::AmpDtype::kBf16 : amp::AmpDtype::kFp32;
+  return d;
+}
+
 nlohmann::json GuardedStep::state_dict() const {
   return {{"scaler", scaler_.state_dict()},
           {"clipper", clipper_.state_dict()},

@@ -69,6 +69,7 @@ void MetricsWriter::write_step(const StepMetrics& m) {
   j["elapsed_s"] = m.elapsed_s;
   if (std::isfinite(m.noise_scale)) j["noise_scale"] = m.noise_scale;
   if (!std::isnan(m.z_loss)) j["z_loss"] = json_number(m.z_loss);
+  if (!m.compute_dtype.empty()) j["compute_dtype"] = m.compute_dtype;
   if (!m.layer_grad_norms.empty()) {
     nlohmann::ordered_json layers = nlohmann::ordered_json::object();
     for (const auto& [name, norm] : m.layer_grad_norms) layers[name] = json_number(norm);

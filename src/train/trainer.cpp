@@ -67,6 +67,7 @@ TrainResult Trainer::run_steps() {
       dist::verify_parameters(*s.comm, s.params, s.names, step + 1);
 
     StepMetrics m = step_metrics(out, s.guarded->groups().names);
+    if (const auto d = s.guarded->compute_dtype(step, c.amp.dtype); d != c.amp.dtype) m.compute_dtype = name_of(d);
     m.tokens = tokens_per_step;
     m.tokens_per_s = tokens_per_step / std::chrono::duration<double>(Clock::now() - step_start).count();
     m.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();

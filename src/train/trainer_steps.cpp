@@ -101,7 +101,9 @@ guard::StepInputs Trainer::State::accumulate_step(int64_t step, const StepData& 
   // every rank counts the same trained targets from the data, with no collective.
   const int64_t G = c.batch.global_batch;
   const int64_t trained = std::max<int64_t>(1, train->trained_targets((step + data_offset) * G, G));
-  auto acc = accumulate(*model, data.batches.micro, trained, c.amp, device, guarded->loss_scale(),
+  amp::AmpOptions amp = c.amp;  // wider while the recovery ladder's precision fallback lasts
+  amp.dtype = guarded->compute_dtype(step, c.amp.dtype);
+  auto acc = accumulate(*model, data.batches.micro, trained, amp, device, guarded->loss_scale(),
                         measure_noise, hand_off, c.loss.z_loss);
 
   guard::StepInputs in;

@@ -150,7 +150,7 @@ TEST(Config, NestedSectionsAndLists) {
   EXPECT_THAT(error_of_set("guard.inject.nonfinite_steps=[1,x]"), HasSubstr("expected a list of integers"));
   EXPECT_THAT(error_of_set("guard.recovery.ladder=skip"), HasSubstr("expected a list of names"));
   EXPECT_THAT(error_of_set("guard.recovery.ladder=[skip,explode]"),
-              HasSubstr("guard.recovery.ladder: 'explode' is not valid (valid: skip, cooldown, reset_moments, "
+              HasSubstr("guard.recovery.ladder: 'explode' is not valid (valid: skip, precision, cooldown, reset_moments, "
                         "rollback, halt)"));
   EXPECT_THAT(error_of_set("guard.recovery.ladder=[halt,skip]"), HasSubstr("'halt' must be the last rung"));
   EXPECT_THAT(error_of_set("guard.recovery.ladder=[skip,skip]"), HasSubstr("listed twice"));

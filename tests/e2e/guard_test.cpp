@@ -355,5 +355,34 @@ TEST_F(Guard, SkipRuleDropsAnInjectedSpikeAndResumesWithItsWindow) {
   EXPECT_EQ(resumed, straight);
 }
 
+TEST_F(Guard, PrecisionFallbackComputesWiderForItsWindow) {
+  // bf16 autocast with a dynamic scaler on the CPU; three injected overflows in a row make
+  // a backoff storm at step 7, and the ladder's first rung then computes in float32 for 5
+  // steps, recorded on each step line, before bf16 returns.
+  auto r = run_cli(train_args(20, "--name fallback --set amp.dtype=bf16 --set amp.scaler.mode=dynamic "
+                                  "--set amp.scaler.init_scale=1024 --set guard.inject.overflow_storm=[5,3] "
+                                  "--set guard.recovery.ladder=[precision,skip,halt] "
+                                  "--set guard.recovery.precision_steps=5 --set log.every=1"),
+                   dir_.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto rec = events("fallback", "recovery");
+  ASSERT_EQ(rec.size(), 1u) << r.output;
+  EXPECT_EQ(rec[0]["step"], 7);
+  EXPECT_EQ(rec[0]["action"], "precision");
+  std::vector<int64_t> wide;
+  for (auto& l : lines("fallback"))
+    if (!l.contains("event") && l.contains("loss") && l.contains("compute_dtype")) {
+      EXPECT_EQ(l["compute_dtype"], "fp32");
+      wide.push_back(l["step"]);
+    }
+  EXPECT_EQ(wide, (std::vector<int64_t>{8, 9, 10, 11, 12}));
+  // bf16 weights cannot compute wider: the rung is refused with the key named.
+  r = run_cli(train_args(6, "--name refused --set amp.dtype=bf16 --set memory.weights_dtype=bf16 "
+                            "--set guard.recovery.ladder=[precision,halt]"),
+              dir_.path());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("guard.recovery.ladder"));
+}
+
 }  // namespace
 }  // namespace gradguard

@@ -101,5 +101,53 @@ TEST(Recovery, StateRoundTrips) {
   EXPECT_THROW(b.load_state_dict(nlohmann::json::object()), Error);
 }
 
+TEST(Recovery, PrecisionRungServesLossScaleAnomaliesOnly) {
+  RecoveryOptions o;
+  o.ladder = {RecoveryAction::kSkip, RecoveryAction::kPrecision, RecoveryAction::kCooldown, RecoveryAction::kHalt};
+  o.precision_steps = 10;
+  o.precision_budget = 2;
+  RecoveryLadder l(o);
+  EXPECT_EQ(l.decide(5, AnomalyKind::kBackoffStorm, true).action, RecoveryAction::kSkip);
+  const auto d = l.decide(7, AnomalyKind::kBackoffStorm, true);
+  EXPECT_EQ(d.action, RecoveryAction::kPrecision);
+  EXPECT_EQ(d.budget_left, 1);
+  // The window: the steps after the action, precision_steps of them.
+  EXPECT_EQ(l.precision_level(7), 0);
+  EXPECT_EQ(l.precision_level(8), 1);
+  EXPECT_EQ(l.precision_level(17), 1);
+  EXPECT_EQ(l.precision_level(18), 0);
+  // A loss spike passes over it without a note, as if it were not in the ladder.
+  RecoveryLadder m(o);
+  EXPECT_EQ(m.decide(5, AnomalyKind::kLossSpike, true).action, RecoveryAction::kSkip);
+  const auto spike = m.decide(7, AnomalyKind::kLossSpike, true);
+  EXPECT_EQ(spike.action, RecoveryAction::kCooldown);
+  EXPECT_EQ(spike.note, "");
+  EXPECT_EQ(m.precision_level(8), 0);
+}
+
+TEST(Recovery, ASecondFallbackInsideTheWindowWidensAgainAndTheStateKeepsIt) {
+  RecoveryOptions o;
+  o.ladder = {RecoveryAction::kPrecision, RecoveryAction::kHalt};
+  o.precision_steps = 10;
+  o.calm_steps = 1;  // each anomaly starts at the bottom again
+  RecoveryLadder l(o);
+  EXPECT_EQ(l.decide(3, AnomalyKind::kLossScaleStuck, true).action, RecoveryAction::kPrecision);
+  EXPECT_EQ(l.decide(8, AnomalyKind::kLossScaleStuck, true).action, RecoveryAction::kPrecision);
+  EXPECT_EQ(l.precision_level(9), 2);
+  EXPECT_EQ(l.precision_level(18), 2);
+  EXPECT_EQ(l.precision_level(19), 0);
+  RecoveryLadder b(o);
+  b.load_state_dict(l.state_dict());
+  EXPECT_EQ(b.precision_level(12), 2);
+  // The budget (2) is spent: the next one halts.
+  EXPECT_EQ(b.decide(30, AnomalyKind::kLossScaleStuck, true).action, RecoveryAction::kHalt);
+  // A state from before the rung existed loads with no fallback under way.
+  auto old = l.state_dict();
+  for (const char* k : {"precisions", "precision_from", "precision_until", "precision_level"}) old.erase(k);
+  RecoveryLadder c(o);
+  c.load_state_dict(old);
+  EXPECT_EQ(c.precision_level(12), 0);
+}
+
 }  // namespace
 }  // namespace gradguard::guard

@@ -64,6 +64,11 @@ class ConfigErrors(unittest.TestCase):
                          ["a.b=inf", "c.d=true", 'e.f=""', 'g.h="x: y"', "i.j=[1, 2.5]"])
         guard = gradguard.Guard(small_model(), config=["clip.strategy=layerwise"])
         self.assertIn("strategy: layerwise", guard.config_yaml)
+        # No precision fallback under way: the configured dtype (the C++ ladder's window
+        # logic is tested in tests/guard/recovery_test.cpp).
+        self.assertEqual(guard.compute_dtype(0), "fp32")
+        bf16 = gradguard.Guard(small_model(), config={"amp.dtype": "bf16"})
+        self.assertEqual(bf16.compute_dtype(5), "bf16")
 
     def test_used_run_directory_is_refused(self):
         with tempfile.TemporaryDirectory() as tmp:

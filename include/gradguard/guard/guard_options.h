@@ -34,9 +34,10 @@ constexpr std::array<Choice<Severity>, 2> choices(Severity) {
 }
 
 // The rungs of the recovery ladder (guard/recovery.h describes each).
-enum class RecoveryAction { kSkip, kCooldown, kResetMoments, kRollback, kHalt };
-constexpr std::array<Choice<RecoveryAction>, 5> choices(RecoveryAction) {
+enum class RecoveryAction { kSkip, kCooldown, kResetMoments, kRollback, kHalt, kPrecision };
+constexpr std::array<Choice<RecoveryAction>, 6> choices(RecoveryAction) {
   return {{{RecoveryAction::kSkip, "skip"},
+           {RecoveryAction::kPrecision, "precision"},
            {RecoveryAction::kCooldown, "cooldown"},
            {RecoveryAction::kResetMoments, "reset_moments"},
            {RecoveryAction::kRollback, "rollback"},
@@ -55,14 +56,18 @@ struct RecoveryOptions {
   double cooldown_factor = 0.1;
   int64_t cooldown_steps = 20;
   int64_t rollback_skip_steps = 0;
+  int64_t precision_budget = 2;
+  int64_t precision_steps = 100;
   void validate() const;
 
   template <class Field>
   void fields(Field&& field) {
     field("ladder", ladder,
-          "actions in order of escalation, each at most once, halt last: skip (drop the update) | cooldown (LR x "
-          "cooldown_factor) | reset_moments (zero the moments of the layers involved) | rollback (last good "
-          "checkpoint, skip its data) | halt (exit 3); past the last rung the run halts");
+          "actions in order of escalation, each at most once, halt last: skip (drop the update) | precision (for "
+          "loss-scale anomalies only: compute one dtype wider, fp16 -> bf16 -> fp32, for precision_steps; passed "
+          "over for other anomalies) | cooldown (LR x cooldown_factor) | reset_moments (zero the moments of the "
+          "layers involved) | rollback (last good checkpoint, skip its data) | halt (exit 3); past the last rung the "
+          "run halts");
     field("skip_budget", skip_budget, "skips the ladder may take per run; >= 0");
     field("cooldown_budget", cooldown_budget, "LR cool-downs per run; >= 0");
     field("reset_budget", reset_budget, "optimizer-moment resets per run; >= 0");
@@ -73,6 +78,9 @@ struct RecoveryOptions {
     field("cooldown_steps", cooldown_steps, "steps a cool-down (and the one after a moment reset) lasts; >= 1");
     field("rollback_skip_steps", rollback_skip_steps,
           "extra steps of data skipped after a rollback, beyond the window that led to the anomaly; >= 0");
+    field("precision_budget", precision_budget, "precision fallbacks per run; >= 0");
+    field("precision_steps", precision_steps,
+          "steps a precision fallback lasts before the configured amp.dtype returns; >= 1");
   }
 };
 

@@ -155,6 +155,9 @@ class GuardedStep {
   double loss_scale() const { return scaler_.scale(); }
   // The recovery ladder's learning-rate factor at `step` (cooldown_factor in a cool-down).
   double lr_factor(int64_t step) const { return ladder_.lr_factor(step); }
+  // The dtype forward and backward of `step` compute in: `configured` (amp.dtype) made
+  // wider by the ladder's precision fallback, fp16 -> bf16 -> fp32, while one lasts.
+  amp::AmpDtype compute_dtype(int64_t step, amp::AmpDtype configured) const;
 
   // Runs the guard on the gradients in .grad (scaled by loss_scale()). Unscales and
   // clips them in place, and steps the optimizer through the hook when the update is

@@ -1,6 +1,10 @@
 // The recovery ladder: what the guard does about a critical anomaly, escalating when
 // anomalies keep coming. Every rung discards the anomalous step's update; above that:
 //   skip           nothing more
+//   precision      for the loss-scale anomalies (backoff storm, scale stuck at its floor)
+//                  only, passed over for any other: forward and backward compute one
+//                  dtype wider for precision_steps (fp16 -> bf16 -> fp32; a second
+//                  fallback inside the window widens once more), then amp.dtype returns
 //   cooldown       the learning rate is multiplied by cooldown_factor for cooldown_steps
 //   reset_moments  the optimizer moments of the affected tensors are zeroed (they restart
 //                  with bias correction), with a cool-down so the fresh moments settle
@@ -40,6 +44,9 @@ class RecoveryLadder {
 
   // Learning-rate multiplier at `step`: cooldown_factor inside a cool-down, else 1.
   double lr_factor(int64_t step) const;
+  // How many dtypes wider than amp.dtype `step` computes in: 0 outside a precision
+  // fallback, 1 inside one, 2 after a second one inside the first's window.
+  int64_t precision_level(int64_t step) const;
 
   int64_t budget_left(RecoveryAction action) const;  // -1 for halt
 
@@ -56,6 +63,8 @@ class RecoveryLadder {
   AnomalyKind last_kind_ = AnomalyKind::kNonfinite;  // anomaly kind of the last action (when last_step_ >= 0)
   int64_t cooldown_until_ = -1;  // steps < this (and > the action's step) run cooled down
   int64_t cooldown_from_ = -1;
+  int64_t precisions_ = 0;        // precision fallbacks spent
+  int64_t precision_from_ = -1, precision_until_ = -1, precision_level_ = 0;  // the current window
 };
 
 }  // namespace gradguard::guard

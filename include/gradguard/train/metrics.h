@@ -36,6 +36,7 @@ struct StepMetrics {
   double elapsed_s = 0;      // wall time since training started
   double noise_scale = std::numeric_limits<double>::quiet_NaN();  // B_simple estimate (sequences); NaN = not measured
   double z_loss = std::numeric_limits<double>::quiet_NaN();  // the z-loss term (loss.z_loss); NaN = off
+  std::string compute_dtype;  // set while a precision fallback computes wider than amp.dtype
   std::vector<std::pair<std::string, double>> layer_grad_norms;  // [layer group] unscaled L2 norm
 };
 
