@@ -25,6 +25,7 @@ thread pools).
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -72,15 +73,28 @@ def train(exe, on, a, tmp):
         text = out.read().decode(errors="replace")
     if code != 0:
         sys.exit("activation_memory.py: %s failed (exit %d):\n%s" % (exe, code, text[-2000:]))
+    times, losses = step_times_and_losses(os.path.join(tmp, name, "metrics.jsonl"), a.skip)
+    return times, losses, usage.ru_maxrss / 1024.0
+
+
+def step_times_and_losses(metrics_path, skip):
+    """Step seconds (steps >= skip) and every step's loss from a run's metrics.jsonl."""
     times, losses = [], []
-    with open(os.path.join(tmp, name, "metrics.jsonl")) as f:
+    with open(metrics_path) as f:
         for line in f:
             j = json.loads(line)
             if "loss" in j and "event" not in j:
                 losses.append(j["loss"])
-                if j["step"] >= a.skip:
+                if j["step"] >= skip:
                     times.append(j["tokens"] / j["tokens_per_s"])
-    return times, losses, usage.ru_maxrss / 1024.0
+    return times, losses
+
+
+def free_port():
+    """A TCP port free on this host right now, for a rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def main():

@@ -17,13 +17,14 @@ reading: the part the plan claims to predict).
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from activation_memory import free_port  # noqa: E402
 
 # The 30M model of bench/activation_memory.py.
 MODEL = ["model.hidden_size=512", "model.intermediate_size=1536", "model.num_layers=10", "model.num_heads=8",
@@ -55,12 +56,6 @@ def sets_args(sets):
     for s in sets:
         out += ["--set", s]
     return out
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def measure(exe, ranks, sets, tmp, name):

@@ -19,7 +19,6 @@ must be identical: sharding moves the state, not the arithmetic.
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,13 +26,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from activation_memory import HIDDEN, INTERMEDIATE, LAYERS, HEADS, KV_HEADS, ROOT, params  # noqa: E402
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from activation_memory import (HIDDEN, INTERMEDIATE, LAYERS, HEADS, KV_HEADS, ROOT, free_port, params,  # noqa: E402
+                               step_times_and_losses)
 
 
 def train(exe, stage, a, tmp):
@@ -65,14 +59,7 @@ def train(exe, stage, a, tmp):
         if code != 0:
             sys.exit("zero_memory.py: a rank of %s failed (exit %d):\n%s" % (name, code, text[-2000:]))
         rss.append(usage.ru_maxrss / 1024.0)
-    times, losses = [], []
-    with open(os.path.join(tmp, name, "metrics.jsonl")) as f:
-        for line in f:
-            j = json.loads(line)
-            if "loss" in j and "event" not in j:
-                losses.append(j["loss"])
-                if j["step"] >= a.skip:
-                    times.append(j["tokens"] / j["tokens_per_s"])
+    times, losses = step_times_and_losses(os.path.join(tmp, name, "metrics.jsonl"), a.skip)
     return times, losses, rss
 
 
