@@ -83,6 +83,9 @@ std::string memory_decision(const config::Config& recommended, const TuneOptions
   plan::Device d = o.device.empty() ? plan::Device{"custom", o.memory_gb} : plan::find_device(o.device);
   if (o.memory_gb > 0) d.memory_gb = o.memory_gb;
   const std::string where = std::to_string(o.gpus) + " x " + d.name + " (" + num(d.memory_gb, "%.0f") + " GB)";
+  if (in.global_batch % o.gpus != 0)
+    return "memory: the recommended global batch " + std::to_string(in.global_batch) + " does not divide over " +
+           std::to_string(o.gpus) + " GPUs; pick a batch that does before fitting a micro-batch";
   const auto s = plan::suggest(in, d.memory_gb * 1e9);
   if (!s.fits)
     return "memory: no micro-batch of the recommended run fits " + where + " (at least " + gib(s.estimate.total) +

@@ -122,6 +122,10 @@ TEST(TuneMemory, RecommendationGetsTheMicroBatchPlanFitsOnTheDevice) {
   rec = {};
   EXPECT_THAT(memory_decision(cfg, o, &rec), HasSubstr("no micro-batch of the recommended run fits 2 x mi210"));
   EXPECT_TRUE(rec.empty());
+  // Three GPUs cannot split 64 sequences: said, nothing added.
+  o.gpus = 3;
+  EXPECT_THAT(memory_decision(cfg, o, &rec), HasSubstr("does not divide over 3 GPUs"));
+  EXPECT_TRUE(rec.empty());
   // Without a device: the estimate on this CPU, nothing added.
   EXPECT_THAT(memory_decision(cfg, {}, &rec), HasSubstr("per process on this CPU"));
   EXPECT_TRUE(rec.empty());
