@@ -43,9 +43,7 @@ Widths widths(const model::LlamaOptions& m) {
 
 std::string describe_layout(const PlanInputs& in) {
   std::string s = std::string(name_of(in.memory.weights_dtype)) + " weights";
-  const bool masters = (in.memory.weights_dtype != amp::AmpDtype::kFp32 && in.memory.master_weights) ||
-                       in.memory.offload_optimizer;
-  if (masters) s += " + fp32 masters";
+  if (in.memory.keeps_masters()) s += " + fp32 masters";
   s += in.memory.zero_stage > 0 ? ", ZeRO-1" : ", replicated";
   if (in.memory.offload_optimizer) s += ", offload";
   if (in.lora.enabled()) s += ", LoRA r" + std::to_string(in.lora.rank);
@@ -67,6 +65,12 @@ Device find_device(const std::string& name) {
     known += (known.empty() ? "" : ", ") + d.name + " (" + gb(d.memory_gb * kGB) + " GB)";
   }
   throw bad_input("--device", "unknown device '" + name + "'; known: " + known + ", or give --memory GB");
+}
+
+Device device_for(const std::string& name, double memory_gb) {
+  Device d = name.empty() && memory_gb > 0 ? Device{"custom", memory_gb} : find_device(name.empty() ? "mi210" : name);
+  if (memory_gb > 0) d.memory_gb = memory_gb;
+  return d;
 }
 
 PlanInputs PlanInputs::from_config(const config::Config& c, int64_t ranks) {
@@ -117,7 +121,7 @@ MemoryEstimate estimate(const PlanInputs& in) {
   const auto& m = in.memory;
   const double P = static_cast<double>(e.parameters), Pt = static_cast<double>(e.trainable);
   const double w = dtype_bytes(m.weights_dtype);
-  const bool masters = (m.weights_dtype != amp::AmpDtype::kFp32 && m.master_weights) || m.offload_optimizer;
+  const bool masters = m.keeps_masters();
   const double s = masters ? 4 : w;  // bytes of m and v
   const double d = m.zero_stage > 0 ? static_cast<double>(in.ranks) : 1;
   const double shard = std::ceil(Pt / d);
@@ -157,7 +161,7 @@ MemoryEstimate estimate(const PlanInputs& in) {
 
 Suggestion suggest(PlanInputs in, double bytes) {
   Suggestion out;
-  const int64_t global = in.global_batch > 0 ? in.global_batch : in.micro_batch * in.ranks;
+  const int64_t global = in.sequences_per_step();
   if (global % in.ranks != 0) return out;
   const int64_t per_rank = global / in.ranks;
   int64_t largest = 1;
@@ -214,7 +218,7 @@ std::string render(const PlanInputs& in, const Device& device) {
                 (long long)m.num_kv_heads, (long long)m.vocab_size,
                 in.lora.enabled() ? (", " + std::to_string(e.trainable) + " train (LoRA)").c_str() : "");
   out += line;
-  const int64_t global = in.global_batch > 0 ? in.global_batch : in.micro_batch * in.ranks;
+  const int64_t global = in.sequences_per_step();
   std::snprintf(line, sizeof line,
                 "devices: %lld x %s (%s GB each); seq %lld; global batch %lld sequences (%lld tokens)\n",
                 (long long)in.ranks, device.name.c_str(), gb(bytes).c_str(), (long long)in.seq_len,

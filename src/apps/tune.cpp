@@ -80,8 +80,7 @@ std::string memory_decision(const config::Config& recommended, const TuneOptions
     return "memory: the recommended run needs about " + gib(plan::estimate(in).total) +
            " per process on this CPU (`gradguard plan` breaks it down; --device or --memory fits it to a GPU)";
   }
-  plan::Device d = o.device.empty() ? plan::Device{"custom", o.memory_gb} : plan::find_device(o.device);
-  if (o.memory_gb > 0) d.memory_gb = o.memory_gb;
+  const plan::Device d = plan::device_for(o.device, o.memory_gb);
   const std::string where = std::to_string(o.gpus) + " x " + d.name + " (" + num(d.memory_gb, "%.0f") + " GB)";
   if (in.global_batch % o.gpus != 0)
     return "memory: the recommended global batch " + std::to_string(in.global_batch) + " does not divide over " +

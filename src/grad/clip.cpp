@@ -82,6 +82,14 @@ void Clipper::scale_all(double coef) {
   }
 }
 
+void Clipper::scale_each(const std::vector<double>& coef) {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto g = params_[i].grad();
+    if (g.defined() && coef[i] < 1.0) g.mul_(torch::full({}, coef[i], g.options()));
+  }
+}
+
 ClipResult Clipper::apply(const GradStats& stats) {
   ClipResult r;
   r.grad_norm = stats.global_norm;
@@ -118,12 +126,9 @@ ClipResult Clipper::apply(const GradStats& stats) {
       coef[k] = torch_clip_coef(stats.layer_norms[k], options_.max_norm);
       after += std::pow(coef[k] * stats.layer_norms[k], 2);
     }
-    torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      auto g = params_[i].grad();
-      const double c = coef[groups_.group_of[i]];
-      if (g.defined() && c < 1.0) g.mul_(torch::full({}, c, g.options()));
-    }
+    std::vector<double> per_tensor(params_.size());
+    for (size_t i = 0; i < params_.size(); ++i) per_tensor[i] = coef[groups_.group_of[i]];
+    scale_each(per_tensor);
     r.clip_coef = g > 0 ? std::sqrt(after) / g : 1.0;
   } else if (s == ClipStrategy::kAdagc) {
     apply_adagc(stats, &r);
@@ -189,13 +194,9 @@ void Clipper::apply_adagc(const GradStats& stats, ClipResult* r) {
     }
   }
   ++ada_count_;
-  torch::NoGradGuard no_grad;
   double after = 0;
-  for (size_t i = 0; i < n; ++i) {
-    after += std::pow(coef[i] * stats.tensor_norms[i], 2);
-    auto grad = params_[i].grad();
-    if (grad.defined() && coef[i] < 1.0) grad.mul_(torch::full({}, coef[i], grad.options()));
-  }
+  for (size_t i = 0; i < n; ++i) after += std::pow(coef[i] * stats.tensor_norms[i], 2);
+  scale_each(coef);
   r->clip_coef = g > 0 ? std::sqrt(after) / g : 1.0;
 }
 

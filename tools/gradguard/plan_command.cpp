@@ -54,9 +54,7 @@ void add_plan_command(CLI::App& app, Action& action) {
         throw bad_input("--global-batch", std::to_string(in.global_batch) + " sequences do not divide over " +
                                               std::to_string(a->gpus) + " GPUs");
       if (a->cpu) in.for_this_cpu();
-      plan::Device device = a->device.empty() && a->memory_gb > 0 ? plan::Device{"custom", a->memory_gb}
-                                                                  : plan::find_device(a->device.empty() ? "mi210" : a->device);
-      if (a->memory_gb > 0) device.memory_gb = a->memory_gb;
+      const plan::Device device = plan::device_for(a->device, a->memory_gb);
       const std::string text = a->json ? plan::to_json(in, device).dump(2) + "\n" : plan::render(in, device);
       std::fputs(text.c_str(), stdout);
       return 0;

@@ -59,6 +59,10 @@ struct Device {
 const std::vector<Device>& known_devices();  // mi210, mi250x, a100, h100, h200
 // Throws gradguard::Error (bad input, "--device") naming the known ones.
 Device find_device(const std::string& name);
+// The device of `--device NAME` and `--memory GB` together: a named one ("" = mi210) with
+// its memory replaced by memory_gb when that is > 0, or, with no name and memory_gb > 0,
+// one named "custom". Throws gradguard::Error (bad input) naming --device for an unknown name.
+Device device_for(const std::string& name, double memory_gb);
 
 struct PlanInputs {
   model::LlamaOptions model;
@@ -75,6 +79,8 @@ struct PlanInputs {
   bool z_loss = false;            // loss.z_loss > 0: its backward keeps the float32 logits
   // For CPU processes of this build: its attention and AdamW kernels, no GPU buffers.
   void for_this_cpu();
+  // global_batch, or micro_batch x ranks when it is 0.
+  int64_t sequences_per_step() const { return global_batch > 0 ? global_batch : micro_batch * ranks; }
   static PlanInputs from_config(const config::Config& c, int64_t ranks);
 };
 

@@ -122,6 +122,7 @@ class Clipper {
 
  private:
   void scale_all(double coef);
+  void scale_each(const std::vector<double>& coef);  // [tensor] factors; those < 1 applied
   void apply_adagc(const GradStats& stats, ClipResult* r);
 
   ClipOptions options_;

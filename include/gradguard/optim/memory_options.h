@@ -18,10 +18,13 @@ struct MemoryOptions {
   bool offload_optimizer = false;                   // moments (and masters) in host memory
   void validate() const;  // throws gradguard::Error naming memory.<key>
 
-  // Whether the run's optimizer is the ShardedOptimizer (otherwise make_optimizer's).
-  bool sharded_optimizer() const {
-    return zero_stage > 0 || offload_optimizer || (weights_dtype != amp::AmpDtype::kFp32 && master_weights);
+  // Whether the optimizer keeps float32 master weights: bf16/fp16 weights with
+  // master_weights, and always with offload (the host steps float32 copies).
+  bool keeps_masters() const {
+    return offload_optimizer || (weights_dtype != amp::AmpDtype::kFp32 && master_weights);
   }
+  // Whether the run's optimizer is the ShardedOptimizer (otherwise make_optimizer's).
+  bool sharded_optimizer() const { return zero_stage > 0 || keeps_masters(); }
 
   template <class Field>
   void fields(Field&& field) {
