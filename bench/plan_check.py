@@ -44,6 +44,7 @@ LAYOUTS = [
     ("fp32, optimizer offload", 1, ["data.seq_len=256", "batch.micro_batch=4", "memory.offload_optimizer=true"]),
     ("2 ranks, replicated", 2, ["data.seq_len=128", "batch.micro_batch=2"]),
     ("2 ranks, ZeRO-1", 2, ["data.seq_len=128", "batch.micro_batch=2", "memory.zero_stage=1"]),
+    ("2 ranks, ZeRO-2", 2, ["data.seq_len=128", "batch.micro_batch=2", "memory.zero_stage=2", "dist.bucket_mb=4"]),
 ]
 
 COMMON = ["batch.accum_steps=1", "schedule.total_steps=3", "schedule.warmup_steps=1", "data.val_path=\"\"",

@@ -15,7 +15,8 @@
 namespace gradguard::plan {
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr double kGiB = 1024.0 * kMiB;
 constexpr double kGB = 1e9;
 constexpr double kGatherChunk = 4.0 * 1024 * 1024;  // optim::ShardingOptions::gather_chunk_bytes
 // What a layer keeps per token beyond the tensors counted in plan.h (reshape and cast
@@ -44,7 +45,7 @@ Widths widths(const model::LlamaOptions& m) {
 std::string describe_layout(const PlanInputs& in) {
   std::string s = std::string(name_of(in.memory.weights_dtype)) + " weights";
   if (in.memory.keeps_masters()) s += " + fp32 masters";
-  s += in.memory.zero_stage > 0 ? ", ZeRO-1" : ", replicated";
+  s += in.memory.zero_stage > 0 ? ", ZeRO-" + std::to_string(in.memory.zero_stage) : std::string(", replicated");
   if (in.memory.offload_optimizer) s += ", offload";
   if (in.lora.enabled()) s += ", LoRA r" + std::to_string(in.lora.rank);
   return s;
@@ -84,6 +85,7 @@ PlanInputs PlanInputs::from_config(const config::Config& c, int64_t ranks) {
   in.micro_batch = c.batch.micro_batch;
   in.global_batch = c.batch.global_batch;
   in.z_loss = c.loss.z_loss > 0;
+  in.bucket_mb = c.dist.bucket_mb;
   return in;
 }
 
@@ -128,6 +130,14 @@ MemoryEstimate estimate(const PlanInputs& in) {
 
   e.weights = P * w;
   e.gradients = Pt * w;
+  if (m.zero_stage == 2 && in.ranks > 1) {
+    // The shard, the float32 buckets being reduced (dist/grad_shard_sync.h: kInFlight + 1)
+    // and the one gradient autograd has made and the hook has not yet bucketed.
+    const auto wd = widths(in.model);
+    const double V = static_cast<double>(in.model.vocab_size), h = static_cast<double>(wd.h);
+    const double largest = in.lora.enabled() ? 0 : std::max(V * h, h * static_cast<double>(wd.i));
+    e.gradients = shard * w + std::min(3 * in.bucket_mb * kMiB, Pt * 4) + largest * w;
+  }
   const double state = shard * (2 * s + (masters ? 4 : 0));
   (m.offload_optimizer ? e.optimizer_host : e.optimizer) = state;
 
@@ -203,6 +213,8 @@ std::vector<LayoutRow> compare_layouts(const PlanInputs& base, double bytes) {
           layout("bf16 + fp32 masters, replicated", bf16, 0, false, 0),
           layout("bf16 + fp32 masters, ZeRO-1", bf16, 1, false, 0),
           layout("bf16 + fp32 masters, ZeRO-1, offload", bf16, 1, true, 0),
+          layout("bf16 + fp32 masters, ZeRO-2", bf16, 2, false, 0),
+          layout("bf16 + fp32 masters, ZeRO-2, offload", bf16, 2, true, 0),
           layout("LoRA r16 on all 7 projections, bf16 base", bf16, 0, false, 16)};
 }
 

@@ -393,8 +393,14 @@ void Config::validate_memory(int64_t world_size) const {
                                                  name_of(m.weights_dtype) +
                                                  " weights (memory.weights_dtype) allow: drop it or keep fp32 weights");
   if (m.zero_stage > 0 && optim.update_clipping && world_size > 1)
-    throw bad_input("optim.update_clipping", "needs each tensor whole on one rank; memory.zero_stage 1 on " +
-                                                 std::to_string(world_size) + " ranks splits them: turn one off");
+    throw bad_input("optim.update_clipping", "needs each tensor whole on one rank; memory.zero_stage " +
+                                                 std::to_string(m.zero_stage) + " on " + std::to_string(world_size) +
+                                                 " ranks splits them: turn one off");
+  if (m.zero_stage == 2 && world_size > 1 && dist.hook != dist::CommHook::kNone)
+    throw bad_input("dist.hook", std::string(name_of(dist.hook)) +
+                                     " compresses whole all-reduced buckets; memory.zero_stage 2 reduces float32 "
+                                     "pieces to their owners: use none");
+
 }
 
 void Config::finalize(int64_t world_size) {

@@ -287,6 +287,23 @@ void Communicator::allreduce_sum(at::Tensor tensor, const std::string& what) {
   allreduce_sum_async(std::move(tensor), what).wait();
 }
 
+Communicator::Work Communicator::reduce_sum_async(at::Tensor tensor, int64_t root, const std::string& what) {
+  std::vector<at::Tensor> tensors = {std::move(tensor)};
+  c10d::ReduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp::SUM;
+  opts.rootRank = root;
+  Work w;
+  w.comm_ = this;
+  w.what_ = what;
+  try {
+    w.impl_ = std::make_shared<c10::intrusive_ptr<c10d::Work>>(
+        impl_->on_group([&](auto& group) { return group.reduce(tensors, opts); }));
+  } catch (const std::exception& e) {
+    fail(what, e);
+  }
+  return w;
+}
+
 void Communicator::allreduce_max(at::Tensor tensor, const std::string& what) {
   std::vector<at::Tensor> tensors = {std::move(tensor)};
   c10d::AllreduceOptions opts;

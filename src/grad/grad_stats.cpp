@@ -55,8 +55,141 @@ GradStatsComputer::GradStatsComputer(std::vector<at::Tensor> params, const std::
   TORCH_INTERNAL_ASSERT(params_.size() == names.size());
 }
 
-GradStats GradStatsComputer::compute(double inv_scale, const at::Tensor& side, const DeviceClipHook& hook) {
+void GradStatsComputer::use_sharded(ShardedGradients sharded) {
+  TORCH_INTERNAL_ASSERT(sharded.parts.size() == params_.size() && sharded.offsets.size() == params_.size() &&
+                        sharded.sum_over_ranks);
+  sharded_ = std::move(sharded);
+}
+
+namespace {
+// A weight row cut by a shard boundary, and this rank's piece of it.
+struct CutRow {
+  size_t tensor = 0;
+  int64_t row = 0;
+  int64_t from = 0, length = 0;  // this rank's piece within its part (length 0: none)
+  bool first_piece = false;      // this rank holds the row's first element (it reports ||W_row||^2)
+};
+}  // namespace
+
+GradStats GradStatsComputer::compute_sharded(double inv_scale, const at::Tensor& side, const RowClipRule* row_clip) {
+  // [sum of squares per tensor | (AGC) per tensor: sum of squares of its whole rows after
+  // clipping | per cut row: g^2 piece, ||W_row||^2 | side values], float64, this rank's
+  // share; summed over the ranks in one collective. Every rank takes part even when it
+  // holds no gradient.
+  const auto& parts_all = sharded_.parts;
+  std::vector<at::Tensor> parts;
+  std::vector<int64_t> index;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (parts_all[i].numel() > 0) parts.push_back(parts_all[i]), index.push_back(static_cast<int64_t>(i));
+  const int64_t T = static_cast<int64_t>(params_.size());
+  const bool agc = row_clip != nullptr;
+  std::vector<CutRow> cut_rows;
+  if (agc) {
+    for (const auto& [t, at] : sharded_.cuts) {
+      if (!row_clip->rows[t]) continue;
+      const int64_t c = params_[t].numel() / params_[t].size(0);  // row length
+      if (at % c == 0) continue;  // the boundary falls between rows
+      const int64_t row = at / c;
+      if (!cut_rows.empty() && cut_rows.back().tensor == t && cut_rows.back().row == row) continue;
+      CutRow r;
+      r.tensor = t, r.row = row;
+      const int64_t o = sharded_.offsets[t], n = parts_all[t].numel();
+      const int64_t lo = std::max(row * c, o), hi = std::min((row + 1) * c, o + n);
+      if (lo < hi) r.from = lo - o, r.length = hi - lo;
+      r.first_piece = n > 0 && row * c >= o && row * c < o + n;
+      cut_rows.push_back(r);
+    }
+  }
+  const int64_t J = static_cast<int64_t>(cut_rows.size());
+  const int64_t n_side = side.defined() ? side.numel() : 0;
+  const int64_t after_at = T, cut_at = T + (agc ? T : 0), side_at = cut_at + 2 * J;
+  const auto device = parts_all.empty() ? torch::Device(torch::kCPU) : parts_all[0].device();
+  auto packed = torch::zeros({side_at + n_side}, torch::TensorOptions().dtype(torch::kDouble).device(device));
+  if (!parts.empty()) {
+    if (inv_scale != 1.0) compat::foreach_mul_(parts, torch::full({}, inv_scale, parts[0].options()));
+    // bf16/fp16 parts: each norm accumulated and returned in float32, without a float32 copy.
+    at::Tensor norms;
+    if (parts[0].scalar_type() == torch::kFloat) {
+      norms = torch::stack(at::_foreach_norm(parts, 2));
+    } else {
+      std::vector<at::Tensor> each;
+      for (const auto& p : parts) each.push_back(at::linalg_vector_norm(p, 2, c10::nullopt, false, torch::kFloat));
+      norms = torch::stack(each);
+    }
+    packed.index_copy_(0, torch::tensor(index, torch::TensorOptions().dtype(torch::kLong).device(device)),
+                       norms.to(torch::kDouble).square());
+  }
+  if (agc) {
+    // The pieces of cut rows, before any clipping.
+    for (int64_t j = 0; j < J; ++j) {
+      const auto& r = cut_rows[j];
+      if (r.length > 0)
+        packed.narrow(0, cut_at + 2 * j, 1)
+            .copy_(parts_all[r.tensor].narrow(0, r.from, r.length).to(torch::kDouble).square().sum().reshape({1}));
+      if (r.first_piece)
+        packed.narrow(0, cut_at + 2 * j + 1, 1)
+            .copy_(params_[r.tensor].detach().flatten(1)[r.row].to(torch::kDouble).square().sum().reshape({1}));
+    }
+    // Whole rows: clipped here exactly as the unsharded hook does (clip.cpp), then measured.
+    for (int64_t t = 0; t < T; ++t) {
+      if (!row_clip->rows[t] || parts_all[t].numel() == 0) continue;
+      const auto& p = params_[t];
+      const int64_t c = p.numel() / p.size(0), o = sharded_.offsets[t], n = parts_all[t].numel();
+      const int64_t first = (o + c - 1) / c, end = (o + n) / c;  // whole rows [first, end)
+      if (first >= end) continue;
+      auto g = parts_all[t].narrow(0, first * c - o, (end - first) * c).view({end - first, c});
+      auto w_norm = p.detach().flatten(1).narrow(0, first, end - first).norm(2, {1}).clamp_min(row_clip->eps);
+      auto g_norm = g.norm(2, {1});
+      auto limit = w_norm * row_clip->lambda;
+      auto factor = torch::where(g_norm > limit, limit / g_norm.clamp_min(1e-6), torch::ones_like(g_norm));
+      g.mul_(factor.unsqueeze(1).to(g.scalar_type()));
+      packed.narrow(0, after_at + t, 1).copy_(g.to(torch::kDouble).square().sum().reshape({1}));
+    }
+  }
+  if (n_side > 0) packed.narrow(0, side_at, n_side).copy_(side.detach().to(device).to(torch::kDouble).reshape({-1}));
+  sharded_.sum_over_ranks(packed);
+  auto host = to_host(packed);  // the one device->host copy
+  const double* h = host.data_ptr<double>();
+  GradStats s;
+  s.tensor_norms.assign(params_.size(), 0.0);
+  s.layer_norms.assign(groups_.names.size(), 0.0);
+  double total = 0, after = 0;
+  for (int64_t i = 0; i < T; ++i) {
+    s.tensor_norms[i] = std::sqrt(h[i]);
+    s.layer_norms[groups_.group_of[i]] += h[i];
+    total += h[i];
+    after += agc && row_clip->rows[i] ? h[after_at + i] : h[i];
+  }
+  for (auto& n : s.layer_norms) n = std::sqrt(n);
+  s.global_norm = std::sqrt(total);
+  if (agc) {
+    // Cut rows: their factor from the summed pieces, in float32 as the device computes it;
+    // each rank scales its piece.
+    for (int64_t j = 0; j < J; ++j) {
+      const auto& r = cut_rows[j];
+      const float g_norm = static_cast<float>(std::sqrt(h[cut_at + 2 * j]));
+      const float w_norm = std::max(static_cast<float>(std::sqrt(h[cut_at + 2 * j + 1])),
+                                    static_cast<float>(row_clip->eps));
+      const float limit = w_norm * static_cast<float>(row_clip->lambda);
+      const float factor = g_norm > limit ? limit / std::max(g_norm, 1e-6f) : 1.0f;
+      after += static_cast<double>(factor) * factor * h[cut_at + 2 * j];
+      if (factor < 1.0f && r.length > 0) parts_all[r.tensor].narrow(0, r.from, r.length).mul_(factor);
+    }
+  }
+  s.norm_after_device_clip = agc ? std::sqrt(after) : s.global_norm;
+  for (int64_t j = 0; j < n_side; ++j) s.side.push_back(h[side_at + j]);
+  s.nonfinite = !std::isfinite(s.global_norm);
+  return s;
+}
+
+GradStats GradStatsComputer::compute(double inv_scale, const at::Tensor& side, const DeviceClipHook& hook,
+                                     const RowClipRule* row_clip) {
   torch::NoGradGuard no_grad;
+  if (sharded()) {
+    TORCH_CHECK(!hook, "GradStatsComputer: sharded gradients take AGC as a RowClipRule, not a device hook");
+    return compute_sharded(inv_scale, side, row_clip);
+  }
+  TORCH_CHECK(row_clip == nullptr, "GradStatsComputer: a RowClipRule is for sharded gradients");
   std::vector<at::Tensor> grads;  // [tensor with gradient]
   std::vector<size_t> index;      // [tensor with gradient] -> tensor
   for (size_t i = 0; i < params_.size(); ++i)

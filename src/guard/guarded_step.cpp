@@ -53,6 +53,11 @@ GuardedStep::GuardedStep(const GuardedStepOptions& options, std::vector<at::Tens
       noise_(options_.guard.noise_scale.ema),
       skip_rule_(options_.guard.skip_rule.sigma, options_.guard.skip_rule.window) {}
 
+void GuardedStep::use_sharded_gradients(grad::ShardedGradients sharded) {
+  clipper_.use_gradients(sharded.parts);
+  stats_.use_sharded(std::move(sharded));
+}
+
 StepOutcome GuardedStep::step(int64_t step, const StepInputs& in) {
   TORCH_CHECK(in.loss.defined(), "GuardedStep::step: inputs.loss is required");
   StepOutcome out;
@@ -78,7 +83,9 @@ StepOutcome GuardedStep::step(int64_t step, const StepInputs& in) {
     if (z_slot) parts.push_back(scalar(in.z_loss));
     side = torch::cat(parts);
   }
-  out.stats = stats_.compute(scaler_.inv_scale(), side, clipper_.device_hook());  // the one host read
+  out.stats = stats_.sharded()  // the one host read (with sharded gradients after their one collective)
+                  ? stats_.compute(scaler_.inv_scale(), side, {}, clipper_.row_clip())
+                  : stats_.compute(scaler_.inv_scale(), side, clipper_.device_hook());
   const auto& values = out.stats.side;
   out.loss = values.at(0);
   out.micro_losses.assign(values.begin() + 1, values.begin() + 1 + n_micro);

@@ -7,10 +7,9 @@
 namespace gradguard::optim {
 
 void MemoryOptions::validate() const {
-  if (zero_stage < 0 || zero_stage > 1)
-    throw bad_input("memory.zero_stage", "must be 0 (replicated) or 1 (optimizer state sharded); got " +
-                                             std::to_string(zero_stage) +
-                                             " (stage 2, sharded gradients, is not available yet)");
+  if (zero_stage < 0 || zero_stage > 2)
+    throw bad_input("memory.zero_stage", "must be 0 (replicated), 1 (optimizer state sharded) or 2 (optimizer "
+                                         "state and gradients sharded); got " + std::to_string(zero_stage));
 }
 
 }  // namespace gradguard::optim

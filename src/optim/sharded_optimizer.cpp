@@ -34,6 +34,16 @@ ShardLayout ShardLayout::make(std::vector<int64_t> numels, int64_t world_size) {
 int64_t ShardLayout::begin(int64_t rank) const { return std::min(total, rank * shard_size); }
 int64_t ShardLayout::end(int64_t rank) const { return std::min(total, (rank + 1) * shard_size); }
 
+std::vector<std::pair<size_t, int64_t>> ShardLayout::cuts() const {
+  std::vector<std::pair<size_t, int64_t>> out;
+  for (int64_t r = 1; r < world_size; ++r) {
+    const int64_t at = begin(r);
+    for (size_t t = 0; t < numels.size(); ++t)
+      if (at > offsets[t] && at < offsets[t] + numels[t]) out.emplace_back(t, at - offsets[t]);
+  }
+  return out;
+}
+
 std::vector<ShardLayout::Segment> ShardLayout::segments(int64_t rank) const {
   std::vector<Segment> out;
   const int64_t b = begin(rank), e = end(rank);
@@ -137,22 +147,26 @@ torch::Tensor ShardedOptimizer::step(LossClosure closure) {
     loss = closure();
   }
   // Every rank counts the update of every tensor with a gradient, its own or not.
-  std::vector<bool> stepped(params_.size(), false);
-  for (size_t t = 0; t < params_.size(); ++t) stepped[t] = params_[t].grad().defined();
+  // With a gradient shard (ZeRO-2) every tensor has one: the shard holds zeros where no
+  // rank produced a gradient, as the all-reduced buckets of ZeRO-1 do.
+  std::vector<bool> stepped(params_.size(), grad_shard_.defined());
+  if (!grad_shard_.defined())
+    for (size_t t = 0; t < params_.size(); ++t) stepped[t] = params_[t].grad().defined();
   // Lists per (group, update count after this step).
   std::map<std::pair<int, int64_t>, AdamWLists> buckets;
   for (const auto& s : segments_) {
     if (!stepped[s.tensor]) continue;
     const auto& p = params_[s.tensor];
     auto& b = buckets[{group_of_[s.tensor], steps_[s.tensor] + 1}];
-    const auto g = p.grad().reshape({-1}).narrow(0, s.offset, s.length);
+    const auto g = grad_shard_.defined() ? grad_shard_.narrow(0, s.shard_offset, s.length)
+                                         : p.grad().reshape({-1}).narrow(0, s.offset, s.length);
     if (master_.defined()) {
       // Float32 (and, offloaded, on the host) before the update reads it.
       b.params.push_back(master_.narrow(0, s.shard_offset, s.length));
       b.grads.push_back(g.to(master_.device(), torch::kFloat));
     } else {
       b.params.push_back(flat(p).narrow(0, s.offset, s.length));
-      b.grads.push_back(g);
+      b.grads.push_back(g.to(p.scalar_type()));
     }
     b.exp_avgs.push_back(exp_avg_.narrow(0, s.shard_offset, s.length));
     b.exp_avg_sqs.push_back(exp_avg_sq_.narrow(0, s.shard_offset, s.length));
@@ -165,6 +179,11 @@ torch::Tensor ShardedOptimizer::step(LossClosure closure) {
   if (master_.defined()) masters_to_params();
   gather();
   return loss;
+}
+
+void ShardedOptimizer::use_gradient_shard(const at::Tensor& shard) {
+  TORCH_INTERNAL_ASSERT(shard.dim() == 1 && shard.numel() == layout_.shard_size);
+  grad_shard_ = shard;
 }
 
 void ShardedOptimizer::gather() {

@@ -49,7 +49,8 @@ torch::Tensor trained_count(const data::Batch& b, const c10::Device& device) {
 Accumulation accumulate(model::LlamaForCausalLMImpl& model, const std::vector<data::Batch>& micro_batches,
                         int64_t total_tokens, const amp::AmpOptions& amp, const c10::Device& device,
                         double loss_scale, bool measure_first,
-                        const std::function<void(const Accumulation&)>& before_last_backward, double z_loss) {
+                        const std::function<void(const Accumulation&)>& before_last_backward, double z_loss,
+                        const std::function<void()>& after_each_backward) {
   TORCH_INTERNAL_ASSERT(total_tokens > 0);
   Accumulation out;
   out.loss = torch::zeros({}, torch::TensorOptions().device(device));
@@ -68,6 +69,7 @@ Accumulation accumulate(model::LlamaForCausalLMImpl& model, const std::vector<da
     }
     if (before_last_backward && i + 1 == micro_batches.size()) before_last_backward(out);
     (loss_scale == 1.0 ? loss : loss * loss_scale).backward();
+    if (after_each_backward) after_each_backward();
     if (i == 0 && measure_first) {
       torch::NoGradGuard no_grad;
       std::vector<torch::Tensor> grads;

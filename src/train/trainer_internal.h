@@ -18,6 +18,7 @@
 #include "gradguard/data/prefetcher.h"
 #include "gradguard/data/token_dataset.h"
 #include "gradguard/dist/communicator.h"
+#include "gradguard/dist/grad_shard_sync.h"
 #include "gradguard/dist/grad_sync.h"
 #include "gradguard/forensics/snapshot.h"
 #include "gradguard/guard/guarded_step.h"
@@ -62,12 +63,14 @@ struct Trainer::State {
   // checkpoints, snapshots); every rank trains on its shard and sums gradients.
   dist::DistEnv env;
   std::unique_ptr<dist::Communicator> comm;  // null for a single process
-  std::unique_ptr<dist::GradSync> sync;      // null for a single process
+  std::unique_ptr<dist::GradSync> sync;      // null for a single process and with ZeRO-2
+  std::unique_ptr<dist::GradShardSync> shard_sync;  // ZeRO-2 on several ranks (memory.zero_stage 2), else null
+  bool distributed() const { return sync || shard_sync; }
   bool main_rank() const { return env.rank == 0; }
-  // Slots of the side vector summed with the gradients: [loss | micro losses by global
-  // micro-batch g = m * world + rank | first-micro-batch squared norm by rank | stop
-  // requests (each rank adds 1 when it received SIGTERM/SIGINT)].
-  // [loss | micro losses (world x accum) | noise samples (world) | stop request | z-loss]
+  // Slots of the side vector summed over the ranks (with the gradients' last bucket; with
+  // ZeRO-2 in the guard's statistics all-reduce): [loss | micro losses by global
+  // micro-batch g = m * world + rank (world x accum) | first-micro-batch squared norm by
+  // rank (world) | stop requests (each rank adds 1 when it received SIGTERM/SIGINT) | z-loss].
   int64_t side_slots() const { return 1 + env.world_size * cfg.batch.accum_steps + env.world_size + 2; }
 
   // The guard, and what it writes.

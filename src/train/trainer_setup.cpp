@@ -260,10 +260,26 @@ Trainer::Trainer(config::Config config, std::FILE* out, const std::string& resum
       dist::broadcast_parameters(*s_->comm, s_->params);
     else
       dist::verify_parameters(*s_->comm, s_->params, s_->names, s_->start_step);
-    s_->sync = std::make_unique<dist::GradSync>(s_->params, *s_->comm, c.dist, s_->side_slots());
-    s_->resume_notes.push_back("data parallel: " + s_->env.describe() + ", backend " + name_of(s_->comm->backend()) +
-                               ", " + std::to_string(s_->sync->num_buckets()) + " gradient buckets, hook " +
-                               name_of(c.dist.hook));
+    if (c.memory.zero_stage == 2) {
+      // ZeRO-2: each rank ends the step with its shard of the gradient only; the optimizer
+      // steps it and the guard measures it, the shards' statistics summed in one collective.
+      auto* comm = s_->comm.get();
+      s_->shard_sync = std::make_unique<dist::GradShardSync>(
+          s_->params, *comm, s_->sharded->layout(), static_cast<int64_t>(c.dist.bucket_mb * 1024 * 1024));
+      s_->sharded->use_gradient_shard(s_->shard_sync->shard());
+      s_->guarded->use_sharded_gradients(
+          {s_->shard_sync->tensor_views(), s_->shard_sync->tensor_offsets(), s_->shard_sync->cuts(),
+           [comm](at::Tensor& v) { comm->allreduce_sum(v, "the guard's statistics all-reduce"); }});
+      s_->resume_notes.push_back("data parallel: " + s_->env.describe() + ", backend " +
+                                 name_of(s_->comm->backend()) + ", " +
+                                 std::to_string(s_->shard_sync->num_buckets()) +
+                                 " gradient buckets reduced to their shard owners (ZeRO-2)");
+    } else {
+      s_->sync = std::make_unique<dist::GradSync>(s_->params, *s_->comm, c.dist, s_->side_slots());
+      s_->resume_notes.push_back("data parallel: " + s_->env.describe() + ", backend " +
+                                 name_of(s_->comm->backend()) + ", " + std::to_string(s_->sync->num_buckets()) +
+                                 " gradient buckets, hook " + name_of(c.dist.hook));
+    }
   }
 }
 

@@ -73,45 +73,57 @@ guard::StepInputs Trainer::State::accumulate_step(int64_t step, const StepData& 
       c.guard.noise_scale.every > 0 && accum > 1 && step % c.guard.noise_scale.every == 0;
   auto corrupt = [&] {
     torch::NoGradGuard no_grad;
-    params[0].grad().view(-1)[0].fill_(std::numeric_limits<float>::infinity());
+    // ZeRO-2: into this rank's shard of the summed gradient (the guard combines the shards).
+    auto g = shard_sync ? shard_sync->shard() : params[0].grad().view(-1);
+    if (g.numel() > 0) g[0].fill_(std::numeric_limits<float>::infinity());
   };
   if (sync)
     sync->begin_step(step);  // .grad are views into the all-reduce buckets, zeroed
+  else if (shard_sync)
+    shard_sync->begin_step(step, measure_noise);  // the shard zeroed, every .grad dropped
   else
     for (auto& p : params) p.mutable_grad() = torch::Tensor();  // set_to_none: fresh buffers
 
+  // This rank's side vector: zeros in the other ranks' slots, so the sum over the ranks
+  // gathers them.
+  auto local_side = [&](const Accumulation& partial, const at::Tensor& first_sq_norm) {
+    torch::NoGradGuard no_grad;
+    auto side = torch::zeros({side_slots()}, torch::TensorOptions().dtype(torch::kFloat).device(device));
+    side.narrow(0, 0, 1).copy_(partial.loss.reshape({1}));
+    for (int64_t m = 0; m < static_cast<int64_t>(partial.micro_losses.size()); ++m)
+      side.narrow(0, 1 + m * world + env.rank, 1).copy_(partial.micro_losses[m].reshape({1}));
+    if (first_sq_norm.defined()) side.narrow(0, 1 + n_micro + env.rank, 1).copy_(first_sq_norm.reshape({1}));
+    if (StopSignals::requested() != 0) side.narrow(0, 1 + n_micro + world, 1).fill_(1.0f);
+    if (partial.z_loss.defined()) side.narrow(0, 2 + n_micro + world, 1).copy_(partial.z_loss.reshape({1}));
+    return side;
+  };
   std::function<void(const Accumulation&)> hand_off;
   if (sync)
     hand_off = [&](const Accumulation& partial) {
       if (data.corrupt) corrupt();  // before the last backward: the inf travels with the all-reduce
-      // This rank's side vector (zeros in the other ranks' slots, so the sum over ranks
-      // gathers them), summed with the gradients' last bucket.
-      torch::NoGradGuard no_grad;
-      auto side = torch::zeros({side_slots()}, torch::TensorOptions().dtype(torch::kFloat).device(device));
-      side.narrow(0, 0, 1).copy_(partial.loss.reshape({1}));
-      for (int64_t m = 0; m < static_cast<int64_t>(partial.micro_losses.size()); ++m)
-        side.narrow(0, 1 + m * world + env.rank, 1).copy_(partial.micro_losses[m].reshape({1}));
-      if (partial.first_sq_norm.defined())
-        side.narrow(0, 1 + n_micro + env.rank, 1).copy_(partial.first_sq_norm.reshape({1}));
-      if (StopSignals::requested() != 0) side.narrow(0, 1 + n_micro + world, 1).fill_(1.0f);
-      if (partial.z_loss.defined()) side.narrow(0, 2 + n_micro + world, 1).copy_(partial.z_loss.reshape({1}));
-      sync->arm(side);
+      sync->arm(local_side(partial, partial.first_sq_norm));  // summed with the gradients' last bucket
     };
+  std::function<void()> after_backward;
+  if (shard_sync) after_backward = [this] { shard_sync->end_micro_batch(); };
   // The step's samples over all ranks are (step + offset) * G .. + G - 1 (step_batches.h):
   // every rank counts the same trained targets from the data, with no collective.
   const int64_t G = c.batch.global_batch;
   const int64_t trained = std::max<int64_t>(1, train->trained_targets((step + data_offset) * G, G));
   amp::AmpOptions amp = c.amp;  // wider while the recovery ladder's precision fallback lasts
   amp.dtype = guarded->compute_dtype(step, c.amp.dtype);
+  // With ZeRO-2 .grad is empty after each backward: the shard sync measures micro-batch 0.
   auto acc = accumulate(*model, data.batches.micro, trained, amp, device, guarded->loss_scale(),
-                        measure_noise, hand_off, c.loss.z_loss);
+                        measure_noise && !shard_sync, hand_off, c.loss.z_loss, after_backward);
 
   guard::StepInputs in;
   in.lr = lr;
   in.injected = data.injected;
-  if (sync) {
-    // Summed over the ranks: identical on every rank from here on, so are the decisions.
-    const auto side = sync->finish();
+  if (distributed()) {
+    // With sync: summed over the ranks, identical on every rank from here on, so are the
+    // decisions. With ZeRO-2: this rank's values, summed by the guard's statistics
+    // all-reduce before anything is decided (every slot is a sum over the ranks).
+    if (shard_sync && data.corrupt) corrupt();
+    const auto side = sync ? sync->finish() : local_side(acc, shard_sync->first_sq_norm());
     in.loss = side[0];
     in.micro_losses = side.narrow(0, 1, n_micro);
     if (measure_noise) in.noise_sq_norm = side.narrow(0, 1 + n_micro, world).mean();  // mean over the ranks
@@ -140,7 +152,7 @@ guard::StepInputs Trainer::State::accumulate_step(int64_t step, const StepData& 
 
 bool Trainer::State::stop_after(const guard::StepOutcome& outcome) const {
   // One process reads its own flag; ranks read the sum of theirs, so they agree.
-  return sync ? outcome.stop_requested : StopSignals::requested() != 0;
+  return distributed() ? outcome.stop_requested : StopSignals::requested() != 0;
 }
 
 forensics::SnapshotEvidence Trainer::State::snapshot_evidence(const guard::StepOutcome& out) const {
@@ -283,9 +295,10 @@ std::vector<std::string> Trainer::State::header(int64_t parameters) const {
       return std::string(b);
     };
     char msg[320];
-    const std::string where = c.memory.zero_stage > 0
-                                  ? "sharded (ZeRO-1) over " + std::to_string(l.world_size) + " ranks"
-                                  : std::string("whole on each rank");
+    const std::string where =
+        c.memory.zero_stage == 0 ? std::string("whole on each rank")
+        : shard_sync             ? "and gradients sharded (ZeRO-2) over " + std::to_string(l.world_size) + " ranks"
+                                 : "sharded (ZeRO-1) over " + std::to_string(l.world_size) + " ranks";
     std::snprintf(msg, sizeof msg, "memory: %s weights%s, optimizer state %s%s: %s on this rank (%s whole)",
                   name_of(c.memory.weights_dtype), sharded->has_masters() ? " with fp32 masters" : "", where.c_str(),
                   c.memory.offload_optimizer ? " in host memory" : "", size(sharded->state_bytes()).c_str(),

@@ -90,6 +90,21 @@ TEST(Plan, EachLayoutHoldsTheBytesTheArithmeticSays) {
   in.gpu = true;
   e = estimate(in);
   EXPECT_NEAR(e.buffers, 1024.0 * 1024 * 1024 + 0.05 * (e.total - e.buffers), 1.0);
+  // ZeRO-2 (dist/grad_shard_sync.h): the bf16 shard of the gradients, three float32
+  // buckets in flight and autograd's gradient of the largest tensor (here the embedding,
+  // vocab x hidden) before it is bucketed; the optimizer as ZeRO-1.
+  in.memory.offload_optimizer = false;
+  in.memory.zero_stage = 2;
+  in.bucket_mb = 1e-3;
+  e = estimate(in);
+  const double largest = std::max(96.0 * in.model.hidden_size, 1.0 * in.model.hidden_size * in.model.intermediate_size);
+  EXPECT_DOUBLE_EQ(e.gradients, 2 * shard + 3 * 1e-3 * 1024 * 1024 + 2 * largest);
+  EXPECT_EQ(e.optimizer, 12 * shard);
+  // Buckets never exceed the gradient itself; on one rank there is nothing to shard.
+  in.bucket_mb = 1e6;
+  EXPECT_DOUBLE_EQ(estimate(in).gradients, 2 * shard + 4.0 * P + 2 * largest);
+  in.ranks = 1;
+  EXPECT_EQ(estimate(in).gradients, 2.0 * P);
 }
 
 TEST(Plan, ActivationsGrowWithTokensAndCheckpointingKeepsOnlyLayerInputs) {
@@ -153,6 +168,9 @@ TEST(Plan, GoldenLlama2_7bOnTwoMi210) {
   const auto at64 = test::read_text(test::source_path("tests/golden/plan/llama2_7b_2x_mi210_64gb.txt"));
   EXPECT_THAT(at64, HasSubstr("| bf16 + fp32 masters, ZeRO-1, offload | 27.0 | 0.0 (40.4) |"));
   EXPECT_THAT(at64, HasSubstr("| bf16 + fp32 masters, ZeRO-1 | 27.0 | 40.4 | - | - |"));
+  // ZeRO-2 halves the gradients (bf16 shard: 6.7 of 13.5 GB) but not enough without offload.
+  EXPECT_THAT(at64, HasSubstr("| bf16 + fp32 masters, ZeRO-2 | 20.6 | 40.4 | - | - |"));
+  EXPECT_THAT(at64, HasSubstr("| bf16 + fp32 masters, ZeRO-2, offload | 20.6 | 0.0 (40.4) | 2 x 1024 | off |"));
 }
 
 TEST(Plan, LogitsTermAndZLoss) {
@@ -182,7 +200,7 @@ TEST(Plan, JsonCarriesEveryTerm) {
   EXPECT_EQ(j["device_bytes"].get<double>(), 80e9);
   for (const char* k : {"weights", "gradients", "optimizer", "activations", "logits", "step", "buffers", "total"})
     EXPECT_TRUE(j["estimate"].contains(k)) << k;
-  EXPECT_EQ(j["layouts"].size(), 6u);
+  EXPECT_EQ(j["layouts"].size(), 8u);
 }
 
 TEST(Plan, BadArgumentsExitTwoNamingThem) {

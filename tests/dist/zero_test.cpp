@@ -149,6 +149,86 @@ TEST_F(Zero, AnInfOnOneRankSkipsTheStepOnEveryRank) {
   for (size_t i = 0; i < s.size(); ++i) EXPECT_EQ(s[i]["skipped"].get<bool>(), i == 3) << "step " << i;
 }
 
+// ZeRO-2: the gradient is reduced piece by piece to its owners every micro-batch and the
+// guard measures the shards, combining their sums of squares in float64: the same
+// gradients summed in another order, so against the replicated run the weights, norms,
+// loss, z-loss and noise scale agree to 1e-6 rather than bit for bit. Tiny buckets
+// (dist.bucket_mb) make tensors straddle owners and buckets wait on each other; a clip
+// threshold below the norm makes every step scale the shards.
+TEST_F(Zero, StageTwoShardsTheGradientsAndMatchesTheReplicatedRun) {
+  const std::string common =
+      " --set optim.implementation=foreach --set dist.bucket_mb=0.01 --set clip.max_norm=0.5"
+      " --set guard.noise_scale.every=1 --set loss.z_loss=1e-3 ";
+  auto rel = [](double a, double b) { return std::abs(a - b) / std::max(std::abs(a), 1e-30); };
+  for (int ranks : {2, 3}) {
+    SCOPED_TRACE(std::to_string(ranks) + " ranks");
+    const std::string z = "z2_" + std::to_string(ranks), r = "rep_" + std::to_string(ranks);
+    auto zr = launch(ranks, args(z, common + "--set memory.zero_stage=2 --set dist.check_every=1"));
+    ASSERT_EQ(zr.exit_code, 0) << zr.output;
+    EXPECT_THAT(zr.output, HasSubstr("gradients sharded (ZeRO-2) over " + std::to_string(ranks) + " ranks"));
+    EXPECT_THAT(zr.output, HasSubstr("gradient buckets reduced to their shard owners"));
+    ASSERT_EQ(launch(ranks, args(r, common)).exit_code, 0);
+    EXPECT_LT(relative_difference(weights(r, 8), weights(z, 8)), 1e-6);
+    const auto a = steps(r), b = steps(z);
+    ASSERT_EQ(a.size(), 8u);
+    ASSERT_EQ(b.size(), 8u);
+    for (size_t s = 0; s < a.size(); ++s) {
+      SCOPED_TRACE("step " + std::to_string(s));
+      EXPECT_LT(a[s]["clip_coef"].get<double>(), 1.0);  // the clip scaled the shards
+      for (const char* key : {"grad_norm", "loss", "z_loss", "clip_coef", "noise_scale"})
+        EXPECT_LT(rel(a[s][key].get<double>(), b[s][key].get<double>()), 1e-6) << key;
+      const auto& la = a[s]["layer_grad_norms"];
+      ASSERT_EQ(la.size(), b[s]["layer_grad_norms"].size());
+      for (auto it = la.begin(); it != la.end(); ++it)
+        EXPECT_LT(rel(it.value().get<double>(), b[s]["layer_grad_norms"][it.key()].get<double>()), 1e-6) << it.key();
+    }
+  }
+}
+
+TEST_F(Zero, StageTwoClipsWithAgcOnTheShardsAsOnWholeGradients) {
+  // AGC clips weight rows; 3 ranks with tiny buckets cut rows between ranks, whose pieces
+  // are combined in the statistics' collective (tests/grad/sharded_stats_test.cpp checks
+  // the rows one by one; here the whole run).
+  const std::string agc = " --set optim.implementation=foreach --set dist.bucket_mb=0.01 --set clip.strategy=agc ";
+  auto zr = launch(3, args("agc_z2", agc + "--set memory.zero_stage=2 --set dist.check_every=1"));
+  ASSERT_EQ(zr.exit_code, 0) << zr.output;
+  ASSERT_EQ(launch(3, args("agc_rep", agc)).exit_code, 0);
+  EXPECT_LT(relative_difference(weights("agc_rep", 8), weights("agc_z2", 8)), 1e-6);
+  const auto a = steps("agc_rep"), b = steps("agc_z2");
+  ASSERT_EQ(b.size(), 8u);
+  for (size_t s = 0; s < a.size(); ++s) {
+    EXPECT_LT(a[s]["clip_coef"].get<double>(), 0.99) << "step " << s;  // AGC did clip
+    EXPECT_NEAR(b[s]["clip_coef"].get<double>(), a[s]["clip_coef"].get<double>(), 1e-6) << "step " << s;
+  }
+}
+
+TEST_F(Zero, StageTwoResumesAtAnotherWorldSizeAndSkipsAnInfOnOneRanksShard) {
+  ASSERT_EQ(launch(2, args("two2", "--set memory.zero_stage=2")).exit_code, 0);
+  const auto straight = weights("two2", 8);
+  // The optimizer shards are ZeRO-1's: 2 -> 1 (one process: nothing to shard) and 2 -> 3.
+  for (int ranks : {1, 3}) {
+    const std::string run = "two2_to" + std::to_string(ranks);
+    copy_to_step4("two2", run);
+    auto r = launch(ranks, "train --resume runs/" + run + (ranks == 3 ? " --set batch.micro_batch=2" : ""));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_LT(relative_difference(straight, weights(run, 8)), 1e-6) << ranks << " ranks";
+  }
+  // A ZeRO-1 checkpoint continues under ZeRO-2: the same optimizer state.
+  ASSERT_EQ(launch(2, args("one_then_two", "--set memory.zero_stage=1")).exit_code, 0);
+  copy_to_step4("one_then_two", "now_two");
+  auto r = launch(2, "train --resume runs/now_two --set memory.zero_stage=2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LT(relative_difference(weights("one_then_two", 8), weights("now_two", 8)), 1e-6);
+  // An inf written into rank 1's shard of the summed gradient: the combined statistics
+  // are non-finite on every rank, so every rank skips step 3 (replicas compared each step).
+  r = launch(2, args("inf2", "--set memory.zero_stage=2 --set dist.check_every=1 "
+                             "--set guard.inject.nonfinite_steps=[3] --set guard.inject.rank=1"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto s = steps("inf2");
+  ASSERT_EQ(s.size(), 8u);
+  for (size_t i = 0; i < s.size(); ++i) EXPECT_EQ(s[i]["skipped"].get<bool>(), i == 3) << "step " << i;
+}
+
 TEST_F(Zero, Bf16WeightsWithMastersResumeBitForBit) {
   const std::string bf16 = "--set amp.dtype=bf16 --set memory.weights_dtype=bf16";
   auto r = launch(1, args("bf16", bf16));
@@ -191,6 +271,18 @@ TEST_F(Zero, Bf16WeightsOnTwoRanksSumTheirGradientsInFloat32) {
   auto wire = launch(2, args("bf16wire", bf16 + "--set memory.zero_stage=1 --set dist.hook=bf16"));
   ASSERT_EQ(wire.exit_code, 0) << wire.output;
   EXPECT_LT(relative_difference(b, weights("bf16wire", 8)), 1e-2);
+  // ZeRO-2: float32 sums per micro-batch rounded into a bf16 shard (a bf16 gradient, as
+  // .grad is without sharding): the same bf16 rounding, in another order.
+  auto z2 = launch(2, args("bf16z2", bf16 + "--set memory.zero_stage=2"));
+  ASSERT_EQ(z2.exit_code, 0) << z2.output;
+  EXPECT_THAT(z2.output, HasSubstr("bf16 weights with fp32 masters, optimizer state and gradients sharded (ZeRO-2)"));
+  const auto c = weights("bf16z2", 8);
+  for (const auto& [name, t] : c) EXPECT_EQ(t.scalar_type(), torch::kBFloat16) << name;
+  EXPECT_LT(relative_difference(b, c), 1e-2);
+  const auto three = steps("bf16z2");
+  ASSERT_EQ(three.size(), 8u);
+  for (size_t s = 0; s < three.size(); ++s)
+    EXPECT_NEAR(three[s]["loss"].get<double>(), two[s]["loss"].get<double>(), 2e-2) << "step " << s;
 }
 
 TEST_F(Zero, ImpossibleCombinationsExitTwoNamingTheKey) {
@@ -202,7 +294,9 @@ TEST_F(Zero, ImpossibleCombinationsExitTwoNamingTheKey) {
       {1, "--set memory.weights_dtype=bf16", "memory.weights_dtype"},  // amp.dtype still fp32
       {2, "--set memory.weights_dtype=bf16 --set amp.dtype=bf16 --set dist.hook=powersgd", "dist.hook"},
       {1, "--set memory.zero_stage=1 --set optim.name=lamb", "optim.name"},
-      {1, "--set memory.zero_stage=2", "memory.zero_stage"},
+      {1, "--set memory.zero_stage=3", "memory.zero_stage"},
+      {2, "--set memory.zero_stage=2 --set dist.hook=fp16", "dist.hook"},
+      {2, "--set memory.zero_stage=2 --set optim.update_clipping=true", "optim.update_clipping"},
       {2, "--set memory.zero_stage=1 --set optim.update_clipping=true", "optim.update_clipping"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -229,27 +323,33 @@ TEST_F(Zero, AResumeWithOtherMemorySettingsIsRefusedAndNothingChanges) {
 }
 
 TEST_F(Zero, RanksRollBackToTheShardsAndTheSnapshotReplays) {
-  // A spike in rank 1's batch at step 25; the only rung is a rollback to step 20, whose
-  // shards every rank reloads. The replicas are compared after every step.
-  auto r = launch(2, args("rb", "--set memory.zero_stage=1 --set schedule.total_steps=32 --set checkpoint.every=10 "
-                                "--set schedule.warmup_steps=5 --set guard.recovery.ladder=[rollback] "
-                                "--set guard.inject.spike_steps=[25] --set guard.inject.rank=1 --set dist.check_every=1"));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  std::string snapshot;
-  int rollbacks = 0;
-  for (auto& l : test::read_jsonl(dir_.file("runs/rb/metrics.jsonl"))) {
-    if (l.value("event", "") == "rollback") {
-      ++rollbacks;
-      EXPECT_EQ(l["to_step"], 20);
+  for (int stage : {1, 2}) {
+    SCOPED_TRACE("memory.zero_stage " + std::to_string(stage));
+    const std::string run = "rb" + std::to_string(stage);
+    // A spike in rank 1's batch at step 25; the only rung is a rollback to step 20, whose
+    // shards every rank reloads. The replicas are compared after every step.
+    auto r = launch(2, args(run, "--set memory.zero_stage=" + std::to_string(stage) +
+                                     " --set schedule.total_steps=32 --set checkpoint.every=10"
+                                     " --set schedule.warmup_steps=5 --set guard.recovery.ladder=[rollback]"
+                                     " --set guard.inject.spike_steps=[25] --set guard.inject.rank=1"
+                                     " --set dist.check_every=1"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::string snapshot;
+    int rollbacks = 0;
+    for (auto& l : test::read_jsonl(dir_.file("runs/" + run + "/metrics.jsonl"))) {
+      if (l.value("event", "") == "rollback") {
+        ++rollbacks;
+        EXPECT_EQ(l["to_step"], 20);
+      }
+      if (l.value("event", "") == "recovery" && l["snapshot"].is_string()) snapshot = l["snapshot"].get<std::string>();
     }
-    if (l.value("event", "") == "recovery" && l["snapshot"].is_string()) snapshot = l["snapshot"].get<std::string>();
+    EXPECT_EQ(rollbacks, 1);
+    ASSERT_FALSE(snapshot.empty());
+    auto replay = test::run_cli("replay '" + snapshot + "' --top 0", dir_.path());
+    ASSERT_EQ(replay.exit_code, 0) << replay.output;
+    EXPECT_THAT(replay.output, HasSubstr("REPRODUCED"));
+    EXPECT_THAT(replay.output, ::testing::Not(HasSubstr("NOT REPRODUCED")));
   }
-  EXPECT_EQ(rollbacks, 1);
-  ASSERT_FALSE(snapshot.empty());
-  auto replay = test::run_cli("replay '" + snapshot + "' --top 0", dir_.path());
-  ASSERT_EQ(replay.exit_code, 0) << replay.output;
-  EXPECT_THAT(replay.output, HasSubstr("REPRODUCED"));
-  EXPECT_THAT(replay.output, ::testing::Not(HasSubstr("NOT REPRODUCED")));
 }
 
 TEST_F(Zero, ACorruptShardIsCaughtByTheManifestAndTheResumeFallsBack) {

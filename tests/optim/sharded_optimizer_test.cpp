@@ -285,7 +285,7 @@ TEST(ShardedOptimizer, RefusesWhatNeedsWholeTensors) {
     EXPECT_EQ(e.where(), "optim.update_clipping");
   }
   MemoryOptions m;
-  m.zero_stage = 2;
+  m.zero_stage = 3;
   try {
     m.validate();
     ADD_FAILURE() << "accepted";

@@ -4,10 +4,15 @@
 //
 // Per rank (W ranks; P parameters, Pt of them trained; w bytes per working weight):
 //   weights      P w
-//   gradients    Pt w                         (the flat buckets .grad points into)
+//   gradients    Pt w                         (the flat buckets .grad points into); with
+//                                              zero_stage 2 on W > 1 ranks instead
+//                                              w ceil(Pt / W) (the shard) + the float32
+//                                              buckets in flight (3 x dist.bucket_mb, at
+//                                              most 4 Pt) + the largest trained tensor's
+//                                              gradient w (autograd's, before it is bucketed)
 //   optimizer    Pt (2 s + 4 m) / d           AdamW's m and v (s = 4 with masters or fp32
 //                                              weights, else w) and float32 masters (m = 1
-//                                              when kept); d = W with zero_stage 1, else 1;
+//                                              when kept); d = W with zero_stage 1 or 2, else 1;
 //                                              in host memory with offload_optimizer
 //   activations  per micro-batch: what autograd keeps for backward, counted from this
 //                implementation's layer (model/llama.cpp) per token and layer:
@@ -77,6 +82,7 @@ struct PlanInputs {
   bool fused_adamw = true;        // a fused AdamW kernel (LibTorch >= 2.0 on GPUs): no sqrt(v) temporary
   bool gpu = true;                // add the GPU runtime and allocator buffers
   bool z_loss = false;            // loss.z_loss > 0: its backward keeps the float32 logits
+  double bucket_mb = 25;          // dist.bucket_mb: ZeRO-2's buckets in flight
   // For CPU processes of this build: its attention and AdamW kernels, no GPU buffers.
   void for_this_cpu();
   // global_batch, or micro_batch x ranks when it is 0.

@@ -73,6 +73,10 @@ class Communicator {
   Work allreduce_sum_async(at::Tensor tensor, const std::string& what);
   void allreduce_sum(at::Tensor tensor, const std::string& what);
   void allreduce_max(at::Tensor tensor, const std::string& what);
+  // Sum of `tensor` over all ranks into `root`'s `tensor`, asynchronously; the other ranks'
+  // `tensor` is left undefined. Gloo and NCCL both have it (Gloo in LibTorch 1.13 has no
+  // reduce-scatter: a reduce per owner stands in for it, dist/grad_shard_sync.h).
+  Work reduce_sum_async(at::Tensor tensor, int64_t root, const std::string& what);
   // Rank 0's values into `tensors` on every rank, in place.
   void broadcast(std::vector<at::Tensor> tensors, const std::string& what);
   // Every rank's `input` into outputs[rank] (each shaped like `input`), asynchronously.

@@ -106,8 +106,14 @@ class Clipper {
   // layer groups.
   Clipper(const ClipOptions& options, std::vector<at::Tensor> params, const std::vector<std::string>& names);
 
+  // Scale `grads` [tensor] from now on instead of the parameters' .grad: each rank's part
+  // of a sharded gradient (grad_stats.h's ShardedGradients).
+  void use_gradients(std::vector<at::Tensor> grads);
+
   // The on-device hook to pass to GradStatsComputer::compute (empty unless agc).
   DeviceClipHook device_hook() const;
+  // The same rule for sharded gradients (null unless agc).
+  const RowClipRule* row_clip() const { return options_.strategy == ClipStrategy::kAgc ? &row_rule_ : nullptr; }
 
   // Decides and applies the clip for this step's statistics; no host sync. Non-finite
   // statistics leave the gradients alone (the step is skipped) and the history
@@ -121,6 +127,7 @@ class Clipper {
   void load_state_dict(const nlohmann::json& state, const std::string& where = "clipper state");
 
  private:
+  at::Tensor grad_of(size_t i) const { return grads_.empty() ? params_[i].grad() : grads_[i]; }
   void scale_all(double coef);
   void scale_each(const std::vector<double>& coef);  // [tensor] factors; those < 1 applied
   void apply_adagc(const GradStats& stats, ClipResult* r);
@@ -128,7 +135,9 @@ class Clipper {
   ClipOptions options_;
   std::vector<at::Tensor> params_;
   LayerGroups groups_;
+  std::vector<at::Tensor> grads_;       // [tensor] sharded parts replacing .grad (empty: .grad)
   std::vector<at::Tensor> agc_params_;  // matrices AGC clips row-wise
+  RowClipRule row_rule_;                // the same, for sharded gradients
   std::deque<double> history_;          // [last W steps] clipped global norms
   int64_t z_count_ = 0;                 // zscore: finite steps seen
   std::vector<double> z_seed_;          // zscore: warmup norms

@@ -166,6 +166,10 @@ class GuardedStep {
   StepOutcome step(int64_t step, const StepInputs& inputs);
 
   void set_hooks(StepHooks hooks) { hooks_ = std::move(hooks); }
+  // ZeRO stage 2: measure and clip this rank's parts of the summed gradient instead of
+  // .grad, the statistics combined over the ranks by `sharded.sum_over_ranks` (one
+  // collective before the one host read; AGC within it, grad/grad_stats.h).
+  void use_sharded_gradients(grad::ShardedGradients sharded);
 
   // Read access for writers of snapshots and metrics.
   const GuardedStepOptions& options() const { return options_; }

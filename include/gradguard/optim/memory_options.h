@@ -12,7 +12,7 @@ namespace gradguard::optim {
 
 // How the weights and the optimizer state are held. The section `memory` of a config.
 struct MemoryOptions {
-  int64_t zero_stage = 0;                           // 0 replicated | 1 optimizer state sharded
+  int64_t zero_stage = 0;                           // 0 replicated | 1 optimizer state sharded | 2 + gradients
   amp::AmpDtype weights_dtype = amp::AmpDtype::kFp32;
   bool master_weights = true;                       // float32 masters for bf16/fp16 weights
   bool offload_optimizer = false;                   // moments (and masters) in host memory
@@ -30,7 +30,9 @@ struct MemoryOptions {
   void fields(Field&& field) {
     field("zero_stage", zero_stage,
           "0: every rank holds the whole optimizer state | 1: each rank holds 1/ranks of the AdamW moments (and "
-          "master weights): ZeRO stage 1; adamw and adam_atan2 only");
+          "master weights): ZeRO stage 1 | 2: as 1, and each rank keeps only its 1/ranks of the summed gradient, "
+          "reduced to it every micro-batch (ZeRO stage 2; dist.hook none); adamw and "
+          "adam_atan2 only");
     field("weights_dtype", weights_dtype,
           "dtype of the model's working weights and gradients: fp32 | bf16 | fp16 (amp.dtype must be the same); "
           "with master_weights the optimizer keeps float32 copies and steps those");

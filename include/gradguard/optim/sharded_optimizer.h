@@ -14,8 +14,10 @@
 // with master weights, a float32 copy of the weights (4 S bytes). A tensor may straddle
 // two ranks; each keeps the part in its range (a "segment").
 //
-// Step. Gradients arrive summed over the ranks (dist/grad_sync.h all-reduces them, so the
-// guard measures and clips the whole gradient as without sharding). Each rank updates its
+// Step. Gradients arrive summed over the ranks: whole in .grad (ZeRO-1: dist/grad_sync.h
+// all-reduces them, so the guard measures and clips the whole gradient as without
+// sharding), or as this rank's [S] shard (ZeRO-2: dist/grad_shard_sync.h reduces
+// each piece to its owner; the guard measures and clips the shards, grad/grad_stats.h). Each rank updates its
 // segments with the same AdamW arithmetic as GroupAdamW (optim/adamw.h: the ops are
 // elementwise, so a segment's update equals the whole tensor's on those elements, bit
 // for bit), copies the result into the working weights (rounded to their dtype) and an
@@ -39,6 +41,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/Tensor.h>
@@ -69,6 +72,9 @@ struct ShardLayout {
   int64_t begin(int64_t rank) const;  // first flat element of `rank` (clamped to P)
   int64_t end(int64_t rank) const;    // one past its last (clamped to P)
   std::vector<Segment> segments(int64_t rank) const;  // in flat order
+  // The rank boundaries that fall inside a tensor (not at its start), as (tensor, element
+  // within it), in flat order: where a tensor is cut between two ranks.
+  std::vector<std::pair<size_t, int64_t>> cuts() const;
 };
 
 // Sends this rank's `mine` and fills all[r] (each shaped like `mine`) with rank r's.
@@ -90,6 +96,10 @@ class ShardedOptimizer : public torch::optim::Optimizer {
   // `all_gather` is required when world_size > 1.
   ShardedOptimizer(const NamedParameters& params, const OptimOptions& options, const ShardingOptions& sharding,
                    AllGather all_gather = {});
+
+  // ZeRO stage 2: from now on step from `shard` ([S], this rank's part of the summed
+  // gradient, dist/grad_shard_sync.h) instead of the parameters' .grad.
+  void use_gradient_shard(const at::Tensor& shard);
 
   // Steps this rank's segments of every tensor with a gradient, then all-gathers.
   torch::Tensor step(LossClosure closure = nullptr) override;
@@ -141,6 +151,7 @@ class ShardedOptimizer : public torch::optim::Optimizer {
   ShardLayout layout_;
   std::vector<ShardLayout::Segment> segments_;  // this rank's, in flat order
   at::Tensor exp_avg_, exp_avg_sq_, master_;    // [S] float32 on the state device
+  at::Tensor grad_shard_;                       // [S] with ZeRO-2; undefined: .grad
   std::vector<std::vector<ShardLayout::Segment>> rank_segments_;  // [rank] its segments (several ranks)
 };
 

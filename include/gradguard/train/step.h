@@ -47,11 +47,13 @@ struct Accumulation {
 // total_tokens like the cross-entropy (so accumulation and ranks split it exactly); it is
 // reported in Accumulation::z_loss and left out of `loss` and `micro_losses`, which stay
 // the cross-entropy the guard watches.
+// `after_each_backward`, when set, runs after every micro-batch's backward (ZeRO-2 reduces
+// each micro-batch's gradients to their owners there).
 Accumulation accumulate(model::LlamaForCausalLMImpl& model, const std::vector<data::Batch>& micro_batches,
                         int64_t total_tokens, const amp::AmpOptions& amp, const c10::Device& device,
                         double loss_scale, bool measure_first,
                         const std::function<void(const Accumulation&)>& before_last_backward = {},
-                        double z_loss = 0);
+                        double z_loss = 0, const std::function<void()>& after_each_backward = {});
 
 // Mean loss over the trained targets of up to `batches` micro-batches of `micro_batch` samples taken
 // from the start of `dataset` (never wrapping past its end), without gradients. Syncs once.
