@@ -42,18 +42,26 @@ void fused_update(Bucket& b, int64_t step, const torch::optim::AdamWOptions& o) 
                        std::get<1>(o.betas()), o.weight_decay(), o.eps());
 }
 
-// Adam-atan2 and/or update clipping (adamw.h), one tensor at a time. The per-tensor
+// Adam-atan2, update clipping and/or SPAM (adamw.h), one tensor at a time. The per-tensor
 // learning rate of update clipping stays a 0-dim tensor on the device: no host read.
-void variant_update(Bucket& b, int64_t step, const torch::optim::AdamWOptions& o, AdamWRule rule, bool clip) {
-  const double lr = o.lr(), beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
-  const double wd = o.weight_decay(), eps = o.eps();
+void variant_update(Bucket& b, int64_t step, const torch::optim::AdamWOptions& o, const AdamWVariant& variant) {
+  const AdamWRule rule = variant.rule;
+  const bool clip = variant.update_clipping;
+  const SpamRule& spam = variant.spam;
+  const double lr = o.lr() * spam.lr_factor(step), beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
+  const double wd = o.weight_decay(), eps = o.eps(), decay_lr = o.lr();
   const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(step));
   const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(step));
   for (size_t i = 0; i < b.params.size(); ++i) {
     auto& p = b.params[i];
-    const auto& g = b.grads[i];
+    at::Tensor g = b.grads[i];
     auto& m = b.exp_avgs[i];
     auto& v = b.exp_avg_sqs[i];
+    if (spam.resets_at(step)) m.zero_(), v.zero_();
+    if (spam.clips_at(step)) {
+      const auto bound = v * spam.threshold;  // g^2 may not exceed it
+      g = torch::where((g * g > bound) & (v > 0), g.sign() * bound.sqrt(), g);
+    }
     m.mul_(beta1).add_(g, 1 - beta1);
     v.mul_(beta2).addcmul_(g, g, 1 - beta2);
     const auto v_hat = v / bias_correction2;
@@ -63,10 +71,10 @@ void variant_update(Bucket& b, int64_t step, const torch::optim::AdamWOptions& o
     if (clip) {
       const auto rms = (g * g / v_hat.clamp_min(eps * eps)).mean().sqrt();
       const auto tensor_lr = lr / rms.clamp_min(1.0);  // 0-dim, on p's device
-      if (wd != 0) p.mul_(1 - tensor_lr * wd);
+      if (wd != 0) p.mul_(1 - (decay_lr / rms.clamp_min(1.0)) * wd);
       p.sub_(direction * tensor_lr);
     } else {
-      if (wd != 0) p.mul_(1 - lr * wd);
+      if (wd != 0) p.mul_(1 - decay_lr * wd);
       p.add_(direction, -lr);
     }
   }
@@ -74,13 +82,29 @@ void variant_update(Bucket& b, int64_t step, const torch::optim::AdamWOptions& o
 
 }  // namespace
 
+double SpamRule::lr_factor(int64_t t) const {
+  if (!enabled() || reset_every == 0 || t < reset_every) return 1.0;
+  const int64_t k = t % reset_every;
+  if (k >= warmup) return 1.0;
+  return 1.0 - 0.99 * (1.0 + std::cos(M_PI * static_cast<double>(k) / static_cast<double>(warmup + 1))) / 2.0;
+}
+
+std::string AdamWVariant::describe() const {
+  std::string out;
+  auto add = [&](const char* what) { out += (out.empty() ? "" : ", ") + std::string(what); };
+  if (rule == AdamWRule::kAtan2) add("adam_atan2");
+  if (update_clipping) add("optim.update_clipping");
+  if (spam.enabled()) add("optim.spam_threshold");
+  return out;
+}
+
 void adamw_update(AdamWLists& b, int64_t step, const torch::optim::AdamWOptions& options, AdamWKernel kernel,
-                  AdamWRule rule, bool update_clipping) {
+                  const AdamWVariant& variant) {
   if (b.params.empty()) return;
   // The fused kernel needs every tensor of the bucket on one device of a kind it
   // supports; a bucket elsewhere (e.g. a CPU tensor in a CUDA run) takes foreach.
-  if (rule != AdamWRule::kAdam || update_clipping)
-    variant_update(b, step, options, rule, update_clipping);
+  if (!variant.plain())
+    variant_update(b, step, options, variant);
   else if (kernel == AdamWKernel::fused && compat::fused_adamw_available(b.params[0].device().type()))
     fused_update(b, step, options);
   else
@@ -110,16 +134,12 @@ const char* to_string(AdamWKernel kernel) {
 }
 
 GroupAdamW::GroupAdamW(std::vector<torch::optim::OptimizerParamGroup> groups, torch::optim::AdamWOptions defaults,
-                       AdamWKernel kernel, AdamWRule rule, bool update_clipping)
-    : torch::optim::AdamW(std::move(groups), defaults),
-      kernel_(kernel),
-      rule_(rule),
-      update_clipping_(update_clipping) {
+                       AdamWKernel kernel, AdamWVariant variant)
+    : torch::optim::AdamW(std::move(groups), defaults), kernel_(kernel), variant_(std::move(variant)) {
   TORCH_CHECK(!defaults.amsgrad(), "GroupAdamW does not implement amsgrad");
-  if ((rule_ != AdamWRule::kAdam || update_clipping_) && kernel_ != AdamWKernel::foreach)
+  if (!variant_.plain() && kernel_ != AdamWKernel::foreach)
     throw bad_input("optim.implementation", std::string("'") + to_string(kernel_) + "' has no kernel for " +
-                                                (rule_ == AdamWRule::kAtan2 ? "adam_atan2" : "optim.update_clipping") +
-                                                "; use auto or foreach");
+                                                variant_.describe() + "; use auto or foreach");
 }
 
 torch::Tensor GroupAdamW::step(LossClosure closure) {
@@ -163,7 +183,7 @@ torch::Tensor GroupAdamW::step(LossClosure closure) {
     for (auto& [key, b] : buckets) {
       const int64_t step = std::get<0>(key) + 1;
       for (auto* st : bucket_states[key]) st->step(step);
-      adamw_update(b, step, options, kernel_, rule_, update_clipping_);
+      adamw_update(b, step, options, kernel_, variant_);
     }
   }
   return loss;

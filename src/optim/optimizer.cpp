@@ -37,10 +37,33 @@ void OptimOptions::validate() const {
   if (base_batch < 0) throw bad_input("optim.base_batch", "must be >= 0, got " + std::to_string(base_batch));
   if (!(trust_coefficient > 0) || !std::isfinite(trust_coefficient))
     throw bad_input("optim.trust_coefficient", "must be a finite number > 0, got " + std::to_string(trust_coefficient));
+  if (!(spam_threshold >= 0) || !std::isfinite(spam_threshold))
+    throw bad_input("optim.spam_threshold", "must be a finite number >= 0 (0 = off; the paper uses 5000), got " +
+                                                format_number(spam_threshold));
+  if (spam_reset_every < 0)
+    throw bad_input("optim.spam_reset_every", "must be >= 0 (0 = never), got " + std::to_string(spam_reset_every));
+  if (spam_warmup < 0) throw bad_input("optim.spam_warmup", "must be >= 0, got " + std::to_string(spam_warmup));
+  if (spam_clip_delay < 0)
+    throw bad_input("optim.spam_clip_delay", "must be >= 0, got " + std::to_string(spam_clip_delay));
+  if (spam_threshold > 0 && spam_reset_every > 0 && spam_clip_delay >= spam_reset_every)
+    throw bad_input("optim.spam_clip_delay", "must be below optim.spam_reset_every (" +
+                                                 std::to_string(spam_reset_every) + ") or SPAM never clips, got " +
+                                                 std::to_string(spam_clip_delay));
+  if (spam_threshold > 0 && name != OptimizerKind::kAdamW && name != OptimizerKind::kAdamAtan2)
+    throw bad_input("optim.spam_threshold", std::string("SPAM is an AdamW variant; optim.name is ") +
+                                                (name == OptimizerKind::kLamb ? "lamb" : "lars"));
   if (update_clipping && name != OptimizerKind::kAdamW && name != OptimizerKind::kAdamAtan2)
     throw bad_input("optim.update_clipping", std::string("applies to adamw and adam_atan2, not to ") +
                                                  (name == OptimizerKind::kLamb ? "lamb" : "lars") +
                                                  " (their trust ratio already bounds each tensor's step)");
+}
+
+AdamWVariant adamw_variant(const OptimOptions& options) {
+  AdamWVariant v;
+  v.rule = options.name == OptimizerKind::kAdamAtan2 ? AdamWRule::kAtan2 : AdamWRule::kAdam;
+  v.update_clipping = options.update_clipping;
+  v.spam = {options.spam_threshold, options.spam_reset_every, options.spam_warmup, options.spam_clip_delay};
+  return v;
 }
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const NamedParameters& params,
@@ -58,13 +81,12 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const NamedParameters& p
     auto base = torch::optim::AdamWOptions(options.lr).betas({options.betas[0], options.betas[1]}).eps(options.eps);
     add_groups(base, [](torch::optim::AdamWOptions o, double wd, bool) { return o.weight_decay(wd); });
     const auto device = params.empty() ? c10::Device(c10::kCPU) : params.front().second.device();
-    const auto rule = options.name == OptimizerKind::kAdamAtan2 ? AdamWRule::kAtan2 : AdamWRule::kAdam;
+    const auto variant = adamw_variant(options);
     // The variants run foreach: auto resolves to it, an explicit fused or loop is refused.
-    const bool variant = rule != AdamWRule::kAdam || options.update_clipping;
-    const auto kernel = variant && options.implementation == AdamWImplementation::kAuto
+    const auto kernel = !variant.plain() && options.implementation == AdamWImplementation::kAuto
                             ? AdamWKernel::foreach
                             : resolve_adamw_kernel(options.implementation, device);
-    return std::make_unique<GroupAdamW>(std::move(groups), base, kernel, rule, options.update_clipping);
+    return std::make_unique<GroupAdamW>(std::move(groups), base, kernel, variant);
   }
   if (options.name == OptimizerKind::kLamb) {
     auto base = LambOptions(options.lr)

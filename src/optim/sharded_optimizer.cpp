@@ -74,8 +74,7 @@ ShardedOptimizer::ShardedOptimizer(const NamedParameters& params, const OptimOpt
           }(),
           std::make_unique<torch::optim::AdamWOptions>(options.lr)),
       sharding_(sharding),
-      rule_(options.name == OptimizerKind::kAdamAtan2 ? AdamWRule::kAtan2 : AdamWRule::kAdam),
-      update_clipping_(options.update_clipping),
+      variant_(adamw_variant(options)),
       all_gather_(std::move(all_gather)) {
   if (options.name != OptimizerKind::kAdamW && options.name != OptimizerKind::kAdamAtan2)
     throw bad_input("optim.name", "the sharded optimizer (memory.zero_stage, memory.master_weights, "
@@ -85,7 +84,7 @@ ShardedOptimizer::ShardedOptimizer(const NamedParameters& params, const OptimOpt
               "ShardedOptimizer: rank ", sharding_.rank, " of ", sharding_.world_size);
   TORCH_CHECK(sharding_.world_size == 1 || all_gather_, "ShardedOptimizer: several ranks need an all-gather");
   TORCH_CHECK(sharding_.gather_chunk_bytes > 0, "ShardedOptimizer: gather_chunk_bytes must be > 0");
-  if (update_clipping_ && sharding_.world_size > 1)
+  if (variant_.update_clipping && sharding_.world_size > 1)
     throw bad_input("optim.update_clipping", "needs each tensor whole on one rank; with memory.zero_stage 1 on " +
                                                  std::to_string(sharding_.world_size) +
                                                  " ranks tensors are split: turn one of them off");
@@ -173,7 +172,7 @@ torch::Tensor ShardedOptimizer::step(LossClosure closure) {
   }
   for (auto& [key, lists] : buckets) {
     const auto& options = static_cast<const torch::optim::AdamWOptions&>(param_groups()[key.first].options());
-    adamw_update(lists, key.second, options, sharding_.kernel, rule_, update_clipping_);
+    adamw_update(lists, key.second, options, sharding_.kernel, variant_);
   }
   for (size_t t = 0; t < params_.size(); ++t) steps_[t] += stepped[t] ? 1 : 0;
   if (master_.defined()) masters_to_params();

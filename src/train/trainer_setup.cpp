@@ -355,7 +355,7 @@ void Trainer::State::build() {
     sh.world_size = c.memory.zero_stage > 0 ? env.world_size : 1;
     sh.master_weights = c.memory.weights_dtype != amp::AmpDtype::kFp32 && c.memory.master_weights;
     sh.offload = c.memory.offload_optimizer;
-    const bool variant = c.optim.name == optim::OptimizerKind::kAdamAtan2 || c.optim.update_clipping;
+    const bool variant = !optim::adamw_variant(c.optim).plain();
     sh.kernel = variant ? optim::AdamWKernel::foreach : optim::resolve_adamw_kernel(c.optim.implementation, device);
     optim::AllGather gather;
     if (comm && sh.world_size > 1) {

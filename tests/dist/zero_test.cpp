@@ -202,6 +202,18 @@ TEST_F(Zero, StageTwoClipsWithAgcOnTheShardsAsOnWholeGradients) {
   }
 }
 
+TEST_F(Zero, SpamIsElementwiseAndRunsOnTheShards) {
+  // SPAM's clipping, resets and warmup per coordinate: the shards of ZeRO-2 step exactly
+  // what the whole tensors would (to the summation order of the gradients).
+  const std::string spam = " --set optim.spam_threshold=50 --set optim.spam_reset_every=3 --set optim.spam_warmup=2"
+                           " --set optim.spam_clip_delay=1 ";
+  ASSERT_EQ(launch(2, args("spam_z2", spam + "--set memory.zero_stage=2")).exit_code, 0);
+  ASSERT_EQ(launch(2, args("spam_rep", spam)).exit_code, 0);
+  EXPECT_LT(relative_difference(weights("spam_rep", 8), weights("spam_z2", 8)), 1e-6);
+  ASSERT_EQ(launch(2, args("plain_rep")).exit_code, 0);
+  EXPECT_GT(relative_difference(weights("plain_rep", 8), weights("spam_rep", 8)), 1e-4);  // SPAM did something
+}
+
 TEST_F(Zero, StageTwoResumesAtAnotherWorldSizeAndSkipsAnInfOnOneRanksShard) {
   ASSERT_EQ(launch(2, args("two2", "--set memory.zero_stage=2")).exit_code, 0);
   const auto straight = weights("two2", 8);

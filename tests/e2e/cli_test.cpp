@@ -192,6 +192,8 @@ TEST_F(Cli, EveryOptimizerAndStrategyTrains) {
                            "--set optim.name=adam_atan2 --set optim.update_clipping=true --name atan2",
                            "--set clip.strategy=history --set schedule.decay=wsd --name hist",
                            "--set clip.strategy=adagc --set clip.adagc_warmup=2 --name adagc",
+                           "--set optim.spam_threshold=5000 --set optim.spam_reset_every=3 --set optim.spam_warmup=1 "
+                           "--set optim.spam_clip_delay=1 --name spam",
                            "--set optim.lr_scaling=sqrt --set optim.base_batch=2 --name scaled"}) {
     auto r = run_cli(train_args(args), dir_.path());
     EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.output;

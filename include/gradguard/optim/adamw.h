@@ -23,7 +23,22 @@
 //                      RMS = sqrt(mean(g^2 / max(v-hat, eps^2))): a gradient far above what
 //                      its second moment expects (a spike) moves the tensor no more than
 //                      a typical one. At step 1 v-hat = g^2, so RMS = 1 and nothing changes.
-// Decoupled weight decay as AdamW's: p *= 1 - lr * weight_decay, before the update.
+//   SpamRule           SPAM (Huang et al. 2025, arXiv 2501.06842), per coordinate, with
+//                      t the tensor's update count after this step:
+//                      momentum reset: when t is a multiple of reset_every, m = v = 0
+//                      before the step (the bias correction keeps counting t);
+//                      spike-aware clipping: once t >= clip_delay and t mod reset_every
+//                      >= clip_delay (v has history again), a coordinate with
+//                      g^2 > threshold * v (v before this step) takes
+//                      g = sign(g) sqrt(threshold * v); one whose v is 0 (no history: an
+//                      embedding row seen for the first time) is left alone, where the
+//                      paper's code would clip it to 0 and freeze it;
+//                      warmup: the k-th update after a reset (k = t mod reset_every,
+//                      t >= reset_every) is scaled by 1 - 0.99 (1 + cos(pi k / (warmup + 1))) / 2
+//                      while k < warmup (0.01 at the reset itself), as the paper's cosine
+//                      decay of 0.99 over `warmup` steps.
+// Decoupled weight decay as AdamW's: p *= 1 - lr * weight_decay, before the update (not
+// scaled by SPAM's warmup).
 #pragma once
 
 #include <string>
@@ -42,39 +57,62 @@ enum class AdamWRule { kAdam, kAtan2 };
 inline constexpr double kAtan2A = 1.27;
 inline constexpr double kAtan2B = 1.0;
 
+struct SpamRule {
+  double threshold = 0;     // theta; 0 = SPAM off
+  int64_t reset_every = 0;  // moments reset every this many updates; 0 = never
+  int64_t warmup = 0;       // updates of cosine warmup after a reset
+  int64_t clip_delay = 0;   // updates after the start and after a reset without clipping
+  bool enabled() const { return threshold > 0; }
+  bool resets_at(int64_t t) const { return enabled() && reset_every > 0 && t % reset_every == 0; }
+  bool clips_at(int64_t t) const {
+    return enabled() && t >= clip_delay && (reset_every == 0 || t % reset_every >= clip_delay);
+  }
+  double lr_factor(int64_t t) const;  // the warmup's factor for update t (1 outside a warmup)
+};
+
+// Which AdamW: the rule, update clipping and SPAM (all optional).
+struct AdamWVariant {
+  AdamWRule rule = AdamWRule::kAdam;
+  bool update_clipping = false;
+  SpamRule spam;
+  bool plain() const { return rule == AdamWRule::kAdam && !update_clipping && !spam.enabled(); }
+  std::string describe() const;  // "adam_atan2", "optim.update_clipping", "optim.spam_threshold", ...
+};
+
 // auto -> fused where the LibTorch in use has the kernel for `device`, else foreach;
 // fused where it has none throws gradguard::Error naming optim.implementation.
 AdamWKernel resolve_adamw_kernel(AdamWImplementation implementation, const c10::Device& device);
 const char* to_string(AdamWKernel kernel);
 
-// One AdamW update (with `rule` and update clipping as above) of parallel lists of
-// tensors that have all taken `step` updates, this one included; the moments are
-// updated in place. GroupAdamW and the sharded optimizer (optim/sharded_optimizer.h)
-// both step through here, so their arithmetic is the same op for op. Update clipping's
-// RMS is over each list entry: entries must be whole tensors for it to be StableAdamW's.
-// fused where the kernel exists for the tensors' device, else foreach.
+// One AdamW update (with the variant as above) of parallel lists of tensors that have
+// all taken `step` updates, this one included; the moments are updated in place.
+// GroupAdamW and the sharded optimizer (optim/sharded_optimizer.h) both step through
+// here, so their arithmetic is the same op for op. Update clipping's RMS is over each
+// list entry: entries must be whole tensors for it to be StableAdamW's (SPAM is
+// elementwise: any part of a tensor will do). fused where the kernel exists for the
+// tensors' device and the variant is plain, else foreach.
 struct AdamWLists {
   std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs;  // [entry]
 };
 void adamw_update(AdamWLists& lists, int64_t step, const torch::optim::AdamWOptions& options, AdamWKernel kernel,
-                  AdamWRule rule, bool update_clipping);
+                  const AdamWVariant& variant);
 
 class GroupAdamW : public torch::optim::AdamW {
  public:
-  // The variants (rule kAtan2 or update_clipping) have no fused kernel and are not
+  // The variants (rule kAtan2, update_clipping, SPAM) have no fused kernel and are not
   // LibTorch's loop: they take `kernel` foreach, and fused or loop is refused here
   // (gradguard::Error naming optim.implementation).
   GroupAdamW(std::vector<torch::optim::OptimizerParamGroup> groups, torch::optim::AdamWOptions defaults,
-             AdamWKernel kernel, AdamWRule rule = AdamWRule::kAdam, bool update_clipping = false);
+             AdamWKernel kernel, AdamWVariant variant = {});
   torch::Tensor step(LossClosure closure = nullptr) override;
   AdamWKernel kernel() const { return kernel_; }
-  AdamWRule rule() const { return rule_; }
-  bool update_clipping() const { return update_clipping_; }
+  AdamWRule rule() const { return variant_.rule; }
+  bool update_clipping() const { return variant_.update_clipping; }
+  const AdamWVariant& variant() const { return variant_; }
 
  private:
   AdamWKernel kernel_;
-  AdamWRule rule_;
-  bool update_clipping_;
+  AdamWVariant variant_;
 };
 
 }  // namespace gradguard::optim

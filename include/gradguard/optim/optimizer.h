@@ -49,6 +49,10 @@ struct OptimOptions {
   double trust_coefficient = 0.001;
   AdamWImplementation implementation = AdamWImplementation::kAuto;
   bool update_clipping = false;
+  double spam_threshold = 0;       // SPAM's theta; 0 = off (optim/adamw.h)
+  int64_t spam_reset_every = 500;  // SPAM's Delta T
+  int64_t spam_warmup = 150;
+  int64_t spam_clip_delay = 20;
   LrScaling lr_scaling = LrScaling::kNone;
   int64_t base_batch = 0;
   void validate() const;  // throws gradguard::Error naming optim.<key>
@@ -67,10 +71,18 @@ struct OptimOptions {
           "0 disables");
     field("implementation", implementation,
           "adamw kernel: auto (fused where LibTorch has it, else foreach) | fused | foreach | loop (LibTorch's own); "
-          "adam_atan2 and update_clipping run foreach only");
+          "adam_atan2, update_clipping and SPAM run foreach only");
     field("update_clipping", update_clipping,
           "adamw, adam_atan2: StableAdamW's update clipping (Wortsman et al. 2023): each tensor's lr divided by "
           "max(1, RMS(g^2 / v-hat)), so a gradient spike moves a tensor no more than a typical step");
+    field("spam_threshold", spam_threshold,
+          "adamw, adam_atan2: SPAM (Huang et al. 2025) when > 0: a gradient coordinate with g^2 > threshold x v "
+          "is clipped to sign(g) sqrt(threshold x v); the paper uses 5000; 0 = off");
+    field("spam_reset_every", spam_reset_every,
+          "SPAM: zero both moments every this many updates, then warm the step back up; 0 = never; >= 0");
+    field("spam_warmup", spam_warmup, "SPAM: updates of cosine warmup (0.01 -> 1) after each moment reset; >= 0");
+    field("spam_clip_delay", spam_clip_delay,
+          "SPAM: updates after the start and after each reset before clipping starts (v needs history); >= 0");
     field("max_trust_ratio", max_trust_ratio, "lamb: clamp of the trust ratio ||w|| / ||update||; > 0");
     field("momentum", momentum, "lars: momentum; in [0, 1)");
     field("trust_coefficient", trust_coefficient, "lars: eta of the layer-wise learning rate; > 0");
@@ -81,6 +93,10 @@ struct OptimOptions {
 };
 
 using NamedParameters = std::vector<std::pair<std::string, at::Tensor>>;
+
+struct AdamWVariant;
+// The AdamW variant `options` asks for (rule, update clipping, SPAM); adamw.h.
+AdamWVariant adamw_variant(const OptimOptions& options);
 
 // Builds the optimizer over `params`; group 0 (dim >= 2) decays and is layer-adaptive
 // for LAMB/LARS, group 1 (norms, biases) neither.

@@ -141,8 +141,7 @@ class ShardedOptimizer : public torch::optim::Optimizer {
   void gather();
 
   ShardingOptions sharding_;
-  AdamWRule rule_ = AdamWRule::kAdam;
-  bool update_clipping_ = false;
+  AdamWVariant variant_;
   AllGather all_gather_;
   std::vector<at::Tensor> params_;    // [tensor]
   std::vector<std::string> names_;    // [tensor]
