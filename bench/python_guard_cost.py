@@ -71,8 +71,8 @@ class Variant:
         self.name, self.a, self.tokens = name, a, tokens
         self.model = LlamaForCausalLM(cfg)
         self.model.load_state_dict(init)
-        decay = [p for p in self.model.parameters() if p.dim() >= 2]
-        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
+        decay = [p for n, p in self.model.named_parameters() if p.dim() >= 2 and "embed_tokens" not in n]
+        no_decay = [p for n, p in self.model.named_parameters() if p.dim() < 2 or "embed_tokens" in n]
         self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                                       {"params": no_decay, "weight_decay": 0.0}],
                                      lr=a.lr, betas=(0.9, 0.95), eps=1e-8)

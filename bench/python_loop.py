@@ -65,8 +65,8 @@ def main():
                       max_position_embeddings=max(1024, a.seq), rms_norm_eps=1e-5)
     model = LlamaForCausalLM(cfg)
     model.init_weights(torch.Generator().manual_seed(a.seed))
-    decay = [q for q in model.parameters() if q.dim() >= 2]
-    no_decay = [q for q in model.parameters() if q.dim() < 2]
+    decay = [q for n, q in model.named_parameters() if q.dim() >= 2 and "embed_tokens" not in n]
+    no_decay = [q for n, q in model.named_parameters() if q.dim() < 2 or "embed_tokens" in n]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8, foreach=a.foreach or None)
 

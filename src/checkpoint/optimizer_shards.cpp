@@ -3,6 +3,7 @@
 // between save and resume.
 #include "gradguard/checkpoint/optimizer_shards.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <regex>
 
@@ -60,6 +61,7 @@ nlohmann::ordered_json optimizer_shards_layout(optim::ShardedOptimizer& optimize
                                 {"shard_size", l.shard_size},
                                 {"total", l.total},
                                 {"masters", optimizer.has_masters()},
+                                {"decay_embeddings", optimizer.decay_embeddings()},
                                 {"names", optimizer.names()},
                                 {"numels", l.numels},
                                 {"steps", optimizer.steps()}};
@@ -94,6 +96,15 @@ void load_optimizer_shards(const std::string& dir, optim::ShardedOptimizer& opt)
                                 "\" of " + std::to_string(l.numels[t]) + ": the optimizer state of another model");
   }
   if (total != l.total) r.fail("total", "is " + std::to_string(total) + ", this model has " + std::to_string(l.total));
+  // Which tensors decay is part of the state's meaning; layouts from before the key decayed
+  // the embedding. Only a trainable token embedding makes the difference.
+  const bool saved_decay = r.has("decay_embeddings") ? r.boolean("decay_embeddings") : true;
+  const bool has_embedding = std::any_of(opt.names().begin(), opt.names().end(), optim::is_token_embedding);
+  if (has_embedding && saved_decay != opt.decay_embeddings())
+    throw bad_input("optim.decay_embeddings",
+                    std::string("the checkpoint ") + path + (saved_decay ? " decays" : " does not decay") +
+                        " the token embedding and this run " + (opt.decay_embeddings() ? "does" : "does not") +
+                        ": resume with --set optim.decay_embeddings=" + (saved_decay ? "true" : "false"));
 
   torch::NoGradGuard no_grad;
   const int64_t rank = opt.sharding().rank;

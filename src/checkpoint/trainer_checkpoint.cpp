@@ -285,8 +285,11 @@ CheckpointContents load_checkpoint(const std::string& dir, model::LlamaForCausal
     archive.load_from(dir + "/optimizer.pt");
     optimizer.load(archive);
   } catch (const c10::Error& e) {
-    throw bad_input(dir + "/optimizer.pt", std::string("cannot be loaded into this optimizer (optim.name changed?): ") +
-                                               e.what_without_backtrace());
+    throw bad_input(dir + "/optimizer.pt",
+                    std::string("cannot be loaded into this optimizer (optim.name changed? or optim.decay_embeddings: "
+                                "runs made before it existed decayed the token embedding, resume those with --set "
+                                "optim.decay_embeddings=true): ") +
+                        e.what_without_backtrace());
   }
   return c;
 }

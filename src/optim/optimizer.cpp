@@ -66,18 +66,29 @@ AdamWVariant adamw_variant(const OptimOptions& options) {
   return v;
 }
 
+bool is_token_embedding(const std::string& name) { return name.find("embed_tokens") != std::string::npos; }
+
+bool decays(const std::string& name, const at::Tensor& p, const OptimOptions& options) {
+  return p.dim() >= 2 && (options.decay_embeddings || !is_token_embedding(name));
+}
+
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const NamedParameters& params,
                                                         const OptimOptions& options) {
   options.validate();
-  std::vector<torch::Tensor> decay, no_decay;
-  for (const auto& [name, p] : params) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  const bool adamw = options.name == OptimizerKind::kAdamW || options.name == OptimizerKind::kAdamAtan2;
+  // embedding: matrices kept out of the decay (the token embedding); AdamW has no layer
+  // adaptation to keep, so there they simply do not decay.
+  std::vector<torch::Tensor> decay, embedding, no_decay;
+  for (const auto& [name, p] : params)
+    (decays(name, p, options) ? decay : p.dim() >= 2 && !adamw ? embedding : no_decay).push_back(p);
   std::vector<torch::optim::OptimizerParamGroup> groups;
   auto add_groups = [&](const auto& base, auto with) {
     using Options = std::decay_t<decltype(base)>;
     groups.emplace_back(decay, std::make_unique<Options>(with(Options(base), options.weight_decay, true)));
+    if (!embedding.empty()) groups.emplace_back(embedding, std::make_unique<Options>(with(Options(base), 0.0, true)));
     groups.emplace_back(no_decay, std::make_unique<Options>(with(Options(base), 0.0, false)));
   };
-  if (options.name == OptimizerKind::kAdamW || options.name == OptimizerKind::kAdamAtan2) {
+  if (adamw) {
     auto base = torch::optim::AdamWOptions(options.lr).betas({options.betas[0], options.betas[1]}).eps(options.eps);
     add_groups(base, [](torch::optim::AdamWOptions o, double wd, bool) { return o.weight_decay(wd); });
     const auto device = params.empty() ? c10::Device(c10::kCPU) : params.front().second.device();

@@ -61,7 +61,7 @@ ShardedOptimizer::ShardedOptimizer(const NamedParameters& params, const OptimOpt
             // The same two groups as make_optimizer: the learning rate is set on them
             // (optim::set_learning_rate) and read back at every step.
             std::vector<at::Tensor> decay, no_decay;
-            for (const auto& [name, p] : params) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+            for (const auto& [name, p] : params) (decays(name, p, options) ? decay : no_decay).push_back(p);
             auto base = torch::optim::AdamWOptions(options.lr)
                             .betas({options.betas[0], options.betas[1]})
                             .eps(options.eps);
@@ -89,6 +89,7 @@ ShardedOptimizer::ShardedOptimizer(const NamedParameters& params, const OptimOpt
                                                  std::to_string(sharding_.world_size) +
                                                  " ranks tensors are split: turn one of them off");
   if (sharding_.offload) sharding_.master_weights = true;
+  decay_embeddings_ = options.decay_embeddings;
   std::vector<int64_t> numels;
   for (const auto& [name, p] : params) {
     TORCH_CHECK(p.is_contiguous(), "ShardedOptimizer: ", name, " is not contiguous");
@@ -96,7 +97,7 @@ ShardedOptimizer::ShardedOptimizer(const NamedParameters& params, const OptimOpt
                 "ShardedOptimizer: every parameter must have one dtype and device; ", name, " differs");
     params_.push_back(p);
     names_.push_back(name);
-    group_of_.push_back(p.dim() >= 2 ? 0 : 1);
+    group_of_.push_back(decays(name, p, options) ? 0 : 1);
     numels.push_back(p.numel());
   }
   steps_.assign(params_.size(), 0);

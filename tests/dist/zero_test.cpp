@@ -364,6 +364,34 @@ TEST_F(Zero, RanksRollBackToTheShardsAndTheSnapshotReplays) {
   }
 }
 
+TEST_F(Zero, TheEmbeddingDecaySettingMustMatchTheCheckpoint) {
+  // Runs made before optim.decay_embeddings existed decayed the token embedding: their
+  // config.yaml lacks the key, so a resume reads the new default (false). Both the
+  // replicated optimizer state and the sharded one refuse naming the key, nothing changed.
+  for (const std::string memory : {"", "--set memory.offload_optimizer=true"}) {
+    SCOPED_TRACE(memory.empty() ? "replicated" : "sharded");
+    const std::string run = memory.empty() ? "old_rep" : "old_sh";
+    ASSERT_EQ(launch(1, args(run, memory + " --set optim.decay_embeddings=true")).exit_code, 0);
+    copy_to_step4(run, run + "_b");
+    const std::string config = dir_.file("runs/" + run + "_b/config.yaml");
+    std::string yaml = test::read_text(config);
+    const auto at = yaml.find("decay_embeddings: true");
+    ASSERT_NE(at, std::string::npos) << yaml;
+    const auto begin = yaml.rfind('\n', at) + 1, end = yaml.find('\n', at) + 1;  // the whole line
+    yaml.erase(begin, end - begin);
+    ASSERT_EQ(yaml.find("decay_embeddings:"), std::string::npos);
+    test::write_text(config, yaml);
+    const auto before = test::read_text(dir_.file("runs/" + run + "_b/metrics.jsonl"));
+    auto r = launch(1, "train --resume runs/" + run + "_b");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_THAT(r.output, HasSubstr("optim.decay_embeddings"));
+    EXPECT_EQ(test::read_text(dir_.file("runs/" + run + "_b/metrics.jsonl")), before);
+    // Said as the message asks, it continues.
+    r = launch(1, "train --resume runs/" + run + "_b --set optim.decay_embeddings=true");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+  }
+}
+
 TEST_F(Zero, ACorruptShardIsCaughtByTheManifestAndTheResumeFallsBack) {
   ASSERT_EQ(launch(1, args("corrupt", "--set memory.offload_optimizer=true --set schedule.total_steps=12")).exit_code,
             0);

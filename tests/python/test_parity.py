@@ -4,7 +4,8 @@ Both start from the same tiny random Llama (written here as a Hugging Face direc
 config.json + model.safetensors, read by `gradguard train --set model.init_from=DIR`;
 the Python side is tests/golden/llama_reference.py, the model the C++ one is checked
 against), read the same token file in the same order (docs/design.md "Data order"),
-and use the same settings: fp32, AdamW with weight decay on dim >= 2 tensors only,
+and use the same settings: fp32, AdamW with weight decay on the weight matrices only (not
+norms, biases or the token embedding),
 warmup + cosine to min_lr, global clipping at 1.0, the loss as the token mean of the
 global batch. Per step, loss, grad_norm and lr agree to 1e-5 relative over 30 steps,
 and every guarded step makes exactly one device->host read. A second pair adds PaLM's
@@ -103,8 +104,8 @@ class Parity(unittest.TestCase):
     def run_python(self, name="py", z_loss=0.0):
         model = LlamaForCausalLM(self.cfg)
         model.load_state_dict(self.initial)
-        decay = [p for p in model.parameters() if p.dim() >= 2]
-        no_decay = [p for p in model.parameters() if p.dim() < 2]
+        decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed_tokens" not in n]
+        no_decay = [p for n, p in model.named_parameters() if p.dim() < 2 or "embed_tokens" in n]
         optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                                        {"params": no_decay, "weight_decay": 0.0}],
                                       lr=LR, betas=(0.9, 0.95), eps=1e-8, foreach=False)

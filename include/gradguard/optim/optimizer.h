@@ -49,6 +49,7 @@ struct OptimOptions {
   double trust_coefficient = 0.001;
   AdamWImplementation implementation = AdamWImplementation::kAuto;
   bool update_clipping = false;
+  bool decay_embeddings = false;   // weight decay on the token embedding too
   double spam_threshold = 0;       // SPAM's theta; 0 = off (optim/adamw.h)
   int64_t spam_reset_every = 500;  // SPAM's Delta T
   int64_t spam_warmup = 150;
@@ -67,8 +68,11 @@ struct OptimOptions {
     field("betas", betas, "[beta1, beta2] of AdamW and LAMB, each in [0, 1)");
     field("eps", eps, "epsilon of AdamW and LAMB (large-batch fine-tuning often wants 1e-6); finite, > 0");
     field("weight_decay", weight_decay,
-          "decay of dim >= 2 tensors (decoupled for AdamW and LAMB, L2 for LARS); norms and biases never decay; "
-          "0 disables");
+          "decay of the weight matrices (decoupled for AdamW and LAMB, L2 for LARS); norms and biases never "
+          "decay, the token embedding only with decay_embeddings; 0 disables");
+    field("decay_embeddings", decay_embeddings,
+          "apply weight_decay to the token embedding (embed_tokens) as well; off by default: decay shrinks the rows "
+          "of rare tokens toward 0 between their sightings (runs made before this key existed decayed it)");
     field("implementation", implementation,
           "adamw kernel: auto (fused where LibTorch has it, else foreach) | fused | foreach | loop (LibTorch's own); "
           "adam_atan2, update_clipping and SPAM run foreach only");
@@ -94,12 +98,20 @@ struct OptimOptions {
 
 using NamedParameters = std::vector<std::pair<std::string, at::Tensor>>;
 
+// Whether `p` (named `name`) takes weight decay under `options`: tensors of dim >= 2
+// (matrices), except the token embedding (a name with "embed_tokens") unless
+// options.decay_embeddings. Norm weights and biases never do.
+bool decays(const std::string& name, const at::Tensor& p, const OptimOptions& options);
+bool is_token_embedding(const std::string& name);
+
 struct AdamWVariant;
 // The AdamW variant `options` asks for (rule, update clipping, SPAM); adamw.h.
 AdamWVariant adamw_variant(const OptimOptions& options);
 
-// Builds the optimizer over `params`; group 0 (dim >= 2) decays and is layer-adaptive
-// for LAMB/LARS, group 1 (norms, biases) neither.
+// Builds the optimizer over `params`; group 0 (what decays(): the matrices) decays and is
+// layer-adaptive for LAMB/LARS, the last group (norms, biases) neither. A token embedding
+// that does not decay joins the last group for AdamW, and for LAMB/LARS a middle group
+// that is layer-adaptive without decay.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const NamedParameters& params,
                                                         const OptimOptions& options);
 

@@ -111,6 +111,7 @@ class ShardedOptimizer : public torch::optim::Optimizer {
   const ShardLayout& layout() const { return layout_; }
   const ShardingOptions& sharding() const { return sharding_; }
   const std::vector<std::string>& names() const { return names_; }
+  bool decay_embeddings() const { return decay_embeddings_; }  // optim.decay_embeddings it was built with
   bool has_masters() const { return master_.defined(); }
   // Bytes of optimizer state this rank holds: moments (8 S) plus masters (4 S).
   int64_t state_bytes() const;
@@ -142,6 +143,7 @@ class ShardedOptimizer : public torch::optim::Optimizer {
 
   ShardingOptions sharding_;
   AdamWVariant variant_;
+  bool decay_embeddings_ = false;
   AllGather all_gather_;
   std::vector<at::Tensor> params_;    // [tensor]
   std::vector<std::string> names_;    // [tensor]
