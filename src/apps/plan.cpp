@@ -128,12 +128,12 @@ MemoryEstimate estimate(const PlanInputs& in) {
   const double d = m.zero_stage > 0 ? static_cast<double>(in.ranks) : 1;
   const double shard = std::ceil(Pt / d);
 
+  const auto wd = widths(in.model);
   e.weights = P * w;
   e.gradients = Pt * w;
   if (m.zero_stage == 2 && in.ranks > 1) {
     // The shard, the float32 buckets being reduced (dist/grad_shard_sync.h: kInFlight + 1)
     // and the one gradient autograd has made and the hook has not yet bucketed.
-    const auto wd = widths(in.model);
     const double V = static_cast<double>(in.model.vocab_size), h = static_cast<double>(wd.h);
     const double largest = in.lora.enabled() ? 0 : std::max(V * h, h * static_cast<double>(wd.i));
     e.gradients = shard * w + std::min(3 * in.bucket_mb * kMiB, Pt * 4) + largest * w;
@@ -142,7 +142,6 @@ MemoryEstimate estimate(const PlanInputs& in) {
   (m.offload_optimizer ? e.optimizer_host : e.optimizer) = state;
 
   // Activations of one micro-batch (plan.h).
-  const auto wd = widths(in.model);
   const double c = (in.amp != amp::AmpDtype::kFp32 || w == 2) ? 2 : 4;  // compute dtype bytes
   const double r = w;                                                    // residual stream bytes
   const double T = static_cast<double>(in.seq_len), tokens = T * static_cast<double>(in.micro_batch);

@@ -269,18 +269,22 @@ void Communicator::Work::wait() {
   }
 }
 
-Communicator::Work Communicator::allreduce_sum_async(at::Tensor tensor, const std::string& what) {
-  std::vector<at::Tensor> tensors = {std::move(tensor)};
+template <class Op>
+Communicator::Work Communicator::start(const std::string& what, Op&& op) {
   Work w;
   w.comm_ = this;
   w.what_ = what;
   try {
-    w.impl_ = std::make_shared<c10::intrusive_ptr<c10d::Work>>(
-        impl_->on_group([&](auto& group) { return group.allreduce(tensors); }));
+    w.impl_ = std::make_shared<c10::intrusive_ptr<c10d::Work>>(impl_->on_group(op));
   } catch (const std::exception& e) {
     fail(what, e);
   }
   return w;
+}
+
+Communicator::Work Communicator::allreduce_sum_async(at::Tensor tensor, const std::string& what) {
+  std::vector<at::Tensor> tensors = {std::move(tensor)};
+  return start(what, [&](auto& group) { return group.allreduce(tensors); });
 }
 
 void Communicator::allreduce_sum(at::Tensor tensor, const std::string& what) {
@@ -292,16 +296,7 @@ Communicator::Work Communicator::reduce_sum_async(at::Tensor tensor, int64_t roo
   c10d::ReduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::SUM;
   opts.rootRank = root;
-  Work w;
-  w.comm_ = this;
-  w.what_ = what;
-  try {
-    w.impl_ = std::make_shared<c10::intrusive_ptr<c10d::Work>>(
-        impl_->on_group([&](auto& group) { return group.reduce(tensors, opts); }));
-  } catch (const std::exception& e) {
-    fail(what, e);
-  }
-  return w;
+  return start(what, [&](auto& group) { return group.reduce(tensors, opts); });
 }
 
 void Communicator::allreduce_max(at::Tensor tensor, const std::string& what) {
@@ -331,16 +326,7 @@ Communicator::Work Communicator::allgather_async(const at::Tensor& input, std::v
                                                  const std::string& what) {
   std::vector<at::Tensor> inputs = {input};
   std::vector<std::vector<at::Tensor>> output_lists = {std::move(outputs)};
-  Work w;
-  w.comm_ = this;
-  w.what_ = what;
-  try {
-    w.impl_ = std::make_shared<c10::intrusive_ptr<c10d::Work>>(
-        impl_->on_group([&](auto& group) { return group.allgather(output_lists, inputs); }));
-  } catch (const std::exception& e) {
-    fail(what, e);
-  }
-  return w;
+  return start(what, [&](auto& group) { return group.allgather(output_lists, inputs); });
 }
 
 std::string Communicator::broadcast_string(const std::string& value, const std::string& what) {

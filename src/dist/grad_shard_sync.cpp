@@ -145,7 +145,6 @@ void GradShardSync::fill(size_t b) {
   int64_t at = 0;
   for (auto& part : B.parts) part.buffer = buffer.narrow(0, at, part.numel), at += part.numel;
   B.allocated = true;
-  peak_buckets_ = std::max(peak_buckets_, ++allocated_);
 }
 
 void GradShardSync::on_gradient(size_t k) {
@@ -195,7 +194,6 @@ void GradShardSync::consume(size_t b) {
   if (B.slot >= 0) pool_free_[B.slot] = true;
   B.slot = -1;
   B.allocated = false;
-  --allocated_;
 }
 
 void GradShardSync::end_micro_batch() {

@@ -107,6 +107,10 @@ class Communicator {
 
  private:
   [[noreturn]] void fail(const std::string& what, const std::exception& e) const;
+  // Starts the collective `op` (a callable on the process group) as a Work; failures to
+  // start become fail(what, ...).
+  template <class Op>
+  Work start(const std::string& what, Op&& op);
 
   DistEnv env_;
   DistOptions options_;

@@ -66,7 +66,6 @@ class GradShardSync {
   std::vector<std::pair<size_t, int64_t>> cuts() const { return layout_.cuts(); }
   at::Tensor first_sq_norm() const { return first_sq_; }  // float32 0-dim; undefined when not measured
   int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
-  int64_t peak_buckets() const { return peak_buckets_; }  // most bucket buffers allocated at once, so far
 
   struct Bucket;
   struct Hook;
@@ -96,7 +95,6 @@ class GradShardSync {
   size_t next_launch_ = 0;
   int64_t step_ = 0, micro_ = 0;
   bool active_ = false, measure_first_ = false;
-  int64_t allocated_ = 0, peak_buckets_ = 0;
   at::Tensor first_sq_;
   std::shared_ptr<GradShardSync*> self_;  // the hooks' way back here; nulled by the destructor
   std::vector<std::shared_ptr<void>> accumulators_;
