@@ -282,8 +282,17 @@ TuneResult run_tune(const TuneOptions& o, std::FILE* progress) {
   }
 
   const double final_lr = base_lr * lr_scale * std::sqrt(static_cast<double>(batch) / static_cast<double>(start));
-  result.recommendation = {"clip.max_norm=" + num(clip, "%.6g"),
-                           "schedule.warmup_steps=" + warmup_steps(warmup, base.schedule.total_steps),
+  // A fine-tune's first full-size Adam updates jump the loss whatever the probes saw in
+  // their few steps (bench natural, docs/natural.md): its warmup has a floor.
+  std::string warm = warmup_steps(warmup, base.schedule.total_steps);
+  const int64_t warm_floor = std::min(config::kFinetuneWarmupSteps, base.schedule.total_steps);
+  if (!base.model.init_from.empty() && std::stoll(warm) < warm_floor) {
+    result.decisions.push_back("warmup: " + warm + " steps raised to " + std::to_string(warm_floor) +
+                               ": fine-tuning (model.init_from) with less, Adam's first full-size updates can throw "
+                               "the trained model out of its basin (bench natural, docs/natural.md)");
+    warm = std::to_string(warm_floor);
+  }
+  result.recommendation = {"clip.max_norm=" + num(clip, "%.6g"), "schedule.warmup_steps=" + warm,
                            "optim.lr=" + num(final_lr, "%.6g"), "optim.lr_scaling=none",
                            "batch.global_batch=" + std::to_string(batch)};
   if (needs_strategy) result.recommendation.insert(result.recommendation.begin(), "clip.strategy=global");

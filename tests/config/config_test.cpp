@@ -218,6 +218,18 @@ TEST(Config, NonPowerOfTwoBatchWarnsUnlessRequired) {
   EXPECT_TRUE(load_config("", {}).warnings.empty());
 }
 
+TEST(Config, FineTuningWithoutWarmupWarns) {
+  // bench natural measured the shock (docs/natural.md): a fine-tune with fewer than 10
+  // warmup steps is told so; the default's 20 and a run from random init are not.
+  Config c = load_config("", {"model.init_from=/models/base", "schedule.warmup_steps=3"});
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_THAT(c.warnings[0], HasSubstr("schedule.warmup_steps 3 while fine-tuning (model.init_from)"));
+  EXPECT_THAT(c.warnings[0], HasSubstr("docs/natural.md"));
+  EXPECT_TRUE(load_config("", {"model.init_from=/models/base"}).warnings.empty());
+  EXPECT_TRUE(load_config("", {"model.init_from=/models/base", "schedule.warmup_steps=10"}).warnings.empty());
+  EXPECT_TRUE(load_config("", {"schedule.warmup_steps=0"}).warnings.empty());
+}
+
 TEST(Config, NearestKey) {
   EXPECT_EQ(nearest_key("optim.lrr", {"optim.lr", "optim.eps"}), "optim.lr");
   EXPECT_EQ(nearest_key("zzzzzzzz", {"optim.lr"}), "");

@@ -55,6 +55,11 @@ struct Config {
   void validate_memory(int64_t world_size) const;
 };
 
+// The warmup (optimizer steps) below which a fine-tune (model.init_from) gets a warning
+// in the run header and `tune` raises its recommendation: bench natural measured the
+// loss jump of a fine-tune's first full-size Adam updates (docs/natural.md).
+constexpr int64_t kFinetuneWarmupSteps = 10;
+
 // The built-in default: a 4-layer, 128-wide Llama on the Brown corpus, 8192 tokens per
 // optimizer step, 200 steps.
 Config default_config();
