@@ -3,6 +3,7 @@
 #include "gradguard/apps/plan.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 
@@ -54,15 +55,18 @@ std::string describe_layout(const PlanInputs& in) {
 }  // namespace
 
 const std::vector<Device>& known_devices() {
-  static const std::vector<Device> devices = {
-      {"mi210", 64}, {"mi250x", 128}, {"a100", 80}, {"h100", 80}, {"h200", 141}};
+  static const std::vector<Device> devices = {{"mi210", 64},    {"mi250x", 128}, {"mi300x", 192}, {"a100-40", 40},
+                                              {"a100", 80},     {"h100", 80},    {"h200", 141}};
   return devices;
 }
 
 Device find_device(const std::string& name) {
+  // Vendors and users write H100, MI300X: names match whatever their case.
+  std::string lower = name;
+  for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   std::string known;
   for (const auto& d : known_devices()) {
-    if (d.name == name) return d;
+    if (d.name == lower) return d;
     known += (known.empty() ? "" : ", ") + d.name + " (" + gb(d.memory_gb * kGB) + " GB)";
   }
   throw bad_input("--device", "unknown device '" + name + "'; known: " + known + ", or give --memory GB");

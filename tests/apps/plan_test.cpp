@@ -203,6 +203,17 @@ TEST(Plan, JsonCarriesEveryTerm) {
   EXPECT_EQ(j["layouts"].size(), 8u);
 }
 
+TEST(Plan, DeviceNamesInAnyCase) {
+  EXPECT_EQ(find_device("H100").name, "h100");
+  EXPECT_EQ(find_device("MI300X").memory_gb, 192);  // AMD's stated 192 GB HBM3
+  EXPECT_EQ(find_device("A100-40").memory_gb, 40);
+  EXPECT_EQ(find_device("a100").memory_gb, 80);
+  auto r = test::run_cli("plan --json --device H200");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(nlohmann::json::parse(r.output)["device"], "h200");
+  EXPECT_THAT(test::bad_input_message([] { find_device("V100"); }), HasSubstr("mi300x (192.0 GB)"));
+}
+
 TEST(Plan, BadArgumentsExitTwoNamingThem) {
   struct Case {
     std::string args, what;

@@ -27,7 +27,7 @@ void add_plan_command(CLI::App& app, Action& action) {
   cmd->add_option("-s,--set", a->sets, "Override: key.path=value (value read as YAML); repeatable");
   cmd->add_option("--model", a->model, "Hugging Face model directory whose config.json gives the shapes");
   cmd->add_option("--gpus", a->gpus, "Data-parallel ranks (GPUs)")->capture_default_str();
-  cmd->add_option("--device", a->device, "mi210 (the default) | mi250x | a100 | h100 | h200");
+  cmd->add_option("--device", a->device, "mi210 (the default) | mi250x | mi300x | a100-40 | a100 | h100 | h200, in any case");
   cmd->add_option("--memory", a->memory_gb, "Memory per device in GB (overrides the device's own)");
   cmd->add_option("--global-batch", a->global_batch, "Sequences per optimizer step to reach (default: the config's)");
   cmd->add_option("--seq", a->seq, "Sequence length (default: data.seq_len)");

@@ -61,8 +61,9 @@ struct Device {
   std::string name;
   double memory_gb = 0;  // decimal GB (1e9 bytes), as vendors state it
 };
-const std::vector<Device>& known_devices();  // mi210, mi250x, a100, h100, h200
-// Throws gradguard::Error (bad input, "--device") naming the known ones.
+const std::vector<Device>& known_devices();  // mi210, mi250x, mi300x, a100-40, a100 (80 GB), h100, h200
+// The known device of that name, in any case ("H100" is h100). Throws gradguard::Error
+// (bad input, "--device") naming the known ones.
 Device find_device(const std::string& name);
 // The device of `--device NAME` and `--memory GB` together: a named one ("" = mi210) with
 // its memory replaced by memory_gb when that is > 0, or, with no name and memory_gb > 0,
