@@ -5,6 +5,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -310,6 +312,37 @@ TEST_F(Cli, BadConfigExitsTwoNamingTheKey) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("missing.yaml: cannot open"));
   EXPECT_FALSE(std::filesystem::exists(dir_.file("runs")));  // nothing created on bad input
+}
+
+TEST_F(Cli, BareOverridesWorkAsSetAndCommandsAreSpellChecked) {
+  // torchtune's habit: `train optim.lr=2e-3` is `train --set optim.lr=2e-3`; --set wins.
+  const std::string rest = " --config '" + test::source_path("configs/tiny.yaml") +
+                           "' --set data.train_path=data/train.bin --set data.val_path=data/val.bin";
+  auto first_lr = [&](const std::string& run) {
+    for (const auto& j : metrics(run))
+      if (j.contains("lr")) return j["lr"].get<double>();
+    return -1.0;
+  };
+  auto r = run_cli("train optim.lr=2e-3 schedule.warmup_steps=0 schedule.min_lr=0 run.name=bare" + rest, dir_.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_DOUBLE_EQ(first_lr("bare"), 2e-3);  // no warmup: step 0 runs at the peak
+  r = run_cli("train optim.lr=2e-3 schedule.warmup_steps=0 schedule.min_lr=0 run.name=bare2" + rest +
+                  " --set optim.lr=1e-3",
+              dir_.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_DOUBLE_EQ(first_lr("bare2"), 1e-3);
+  // A bare word that is not key=value says what it would have to be.
+  r = run_cli("train my.yaml" + rest, dir_.path());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("train my.yaml: an argument without a dash is an override key.path=value"));
+  r = run_cli("train optim.lrr=1" + rest, dir_.path());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("did you mean 'optim.lr'"));
+  // A misspelled command is named with its nearest one.
+  r = run_cli("trian --set optim.lr=1", dir_.path());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("'trian' is not a gradguard command; did you mean 'train'?"));
+  EXPECT_THAT(r.output, HasSubstr("commands: train, prepare"));
 }
 
 TEST_F(Cli, BadDataExitsTwoNamingTheFile) {

@@ -1,10 +1,14 @@
 // gradguard CLI entry point: parses the command line and maps failures to the exit codes
 // of docs/design.md: 0 success, 2 bad input (with a message naming the file or key), 3 halted
 // by the guard, 1 anything else.
+#include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <vector>
 
 #include "commands.h"
+#include "gradguard/config/config.h"
 #include "gradguard/core/allocator.h"
 #include "gradguard/core/error.h"
 #include "gradguard/dist/env.h"
@@ -27,6 +31,19 @@ int main(int argc, char** argv) {
   gradguard::cli::add_tune_command(app, action);
   gradguard::cli::add_plan_command(app, action);
   gradguard::cli::add_tokenize_command(app, action);
+  // A misspelled command gets its nearest name, not CLI11's "a subcommand is required".
+  if (argc > 1 && argv[1][0] != '-') {
+    std::vector<std::string> names;
+    for (const auto* sub : app.get_subcommands([](CLI::App*) { return true; })) names.push_back(sub->get_name());
+    if (std::find(names.begin(), names.end(), argv[1]) == names.end()) {
+      std::string list;
+      for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+      const std::string near = gradguard::config::nearest_key(argv[1], names);
+      std::fprintf(stderr, "error: '%s' is not a gradguard command%s\ncommands: %s\nRun with --help for more information.\n",
+                   argv[1], near.empty() ? "" : ("; did you mean '" + near + "'?").c_str(), list.c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,4 +1,5 @@
-// `gradguard train [--config FILE] [--set key=value ...] [--name NAME]`: trains on the
+// `gradguard train [--config FILE] [--set key=value ...] [key=value ...] [--name NAME]`
+// (a bare key=value is an override as with --set, the habit of torchtune and Hydra): trains on the
 // built-in default when no file is given, writes report.html (also when the run halts or
 // fails: that run is the one most worth looking at), then prints a summary.
 #include <cmath>
@@ -84,6 +85,8 @@ void add_train_command(CLI::App& app, Action& action) {
   auto json = std::make_shared<bool>(false);
   cmd->add_option("-c,--config", *path, "YAML configuration file (default: built-in)");
   cmd->add_option("-s,--set", *sets, "Override: key.path=value (value read as YAML); repeatable");
+  auto bare = std::make_shared<std::vector<std::string>>();
+  cmd->add_option("overrides", *bare, "key.path=value overrides without --set (applied before the --set ones)");
   cmd->add_option("-n,--name", *name, "Run name (same as --set run.name=NAME)");
   cmd->add_option("-r,--resume", *resume,
                   "Continue RUN_DIR from its newest good checkpoint ('auto': the run named by run.name if it has a "
@@ -92,10 +95,15 @@ void add_train_command(CLI::App& app, Action& action) {
   cmd->add_flag("-q,--quiet", *quiet, "No progress; only the summary and errors (log.progress=quiet)");
   cmd->add_flag("--json", *json,
                 "One JSON object per step, per message and for the summary on stdout (log.progress=jsonl)");
-  cmd->callback([&action, path, sets, name, resume, quiet, json] {
-    action = [path, sets, name, resume, quiet, json] {
+  cmd->callback([&action, path, sets, bare, name, resume, quiet, json] {
+    action = [path, sets, bare, name, resume, quiet, json] {
       if (*quiet && *json) throw bad_input("--quiet/--json", "choose one of the two");
-      auto overrides = *sets;
+      for (const auto& b : *bare)
+        if (b.find('=') == std::string::npos || b.front() == '=')
+          throw bad_input("train " + b, "an argument without a dash is an override key.path=value (e.g. "
+                                        "optim.lr=2e-5); a configuration file is given with --config " + b);
+      auto overrides = *bare;
+      overrides.insert(overrides.end(), sets->begin(), sets->end());
       if (!name->empty()) overrides.push_back("run.name=" + *name);
       if (*quiet) overrides.push_back("log.progress=quiet");
       if (*json) overrides.push_back("log.progress=jsonl");
