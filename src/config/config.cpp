@@ -363,6 +363,11 @@ std::string nearest_key(const std::string& key, const std::vector<std::string>& 
     auto dot = c.rfind('.');
     if (dot != std::string::npos && key.find('.') == std::string::npos)
       d = std::min(d, edit_distance(key, c.substr(dot + 1)));
+    // The right name in the wrong section ("optim.min_lr" for schedule.min_lr) is one
+    // step away, nearer than a shorter name of the section it was written in.
+    const auto key_dot = key.rfind('.');
+    if (key_dot != std::string::npos && dot != std::string::npos && key.substr(key_dot + 1) == c.substr(dot + 1))
+      d = std::min<size_t>(d, 1);
     // A truncated or extended key ("schedule.warmup", "optimizer") is a near miss too.
     const size_t common = std::min(key.size(), c.size());
     if (common >= 3 && key.compare(0, common, c, 0, common) == 0) d = std::min<size_t>(d, 1);

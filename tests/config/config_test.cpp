@@ -233,6 +233,11 @@ TEST(Config, FineTuningWithoutWarmupWarns) {
 TEST(Config, NearestKey) {
   EXPECT_EQ(nearest_key("optim.lrr", {"optim.lr", "optim.eps"}), "optim.lr");
   EXPECT_EQ(nearest_key("zzzzzzzz", {"optim.lr"}), "");
+  // The right name in the wrong section points at its section, not at a shorter neighbour.
+  EXPECT_EQ(nearest_key("optim.min_lr", {"optim.lr", "schedule.min_lr"}), "schedule.min_lr");
+  EXPECT_EQ(nearest_key("schedule.warmup_step", {"schedule.warmup_steps", "schedule.min_lr"}), "schedule.warmup_steps");
+  EXPECT_THAT(test::bad_input_message([] { load_config("", {"optim.min_lr=1e-4"}); }),
+              HasSubstr("did you mean 'schedule.min_lr'"));
 }
 
 }  // namespace
