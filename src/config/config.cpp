@@ -290,21 +290,25 @@ Field* find_field(std::vector<Field>& table, const std::string& full) {
 
 // Assigns every entry of `map` under `prefix`; a nested mapping is a sub-section
 // ("amp: {scaler: {mode: dynamic}}" sets amp.scaler.mode) when no field takes a map.
+// Every bad key is collected in `errors` rather than thrown, so a file is reported whole.
 void apply_map(std::vector<Field>& table, const std::vector<std::string>& keys, const std::string& path,
-               const std::string& prefix, const YAML::Node& map) {
-  for (const auto& entry : map) {
+               const std::string& prefix, const YAML::Node& map, std::vector<Error>* errors) {
+  for (const auto& entry : map) try {
     const std::string full = prefix + "." + entry.first.Scalar();
     Field* f = find_field(table, full);
     if (f == nullptr && entry.second.IsMap()) {
       const bool is_section = std::any_of(keys.begin(), keys.end(),
                                           [&](const std::string& k) { return k.rfind(full + ".", 0) == 0; });
       if (is_section) {
-        apply_map(table, keys, path, full, entry.second);
+        apply_map(table, keys, path, full, entry.second, errors);
         continue;
       }
     }
     if (f == nullptr) throw bad_input(path + ": " + full, unknown_key_message(full, keys));
     assign(*f, entry.second, path + ": " + full);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kBadInput) throw;
+    errors->push_back(e);
   }
 }
 
@@ -321,14 +325,26 @@ void apply_file(Config& c, const std::string& path) {
   if (!root.IsMap()) throw bad_input(path, "the top level must be a mapping of sections (run:, model:, ...)");
   auto table = fields(c);
   auto keys = all_keys(table);
+  std::vector<Error> errors;  // every bad key of the file, in order
   for (const auto& section : root) {
     const std::string name = section.first.Scalar();
-    if (std::find(kSections.begin(), kSections.end(), name) == kSections.end())
-      throw bad_input(path + ": " + name, unknown_key_message(name, kSections));
+    if (std::find(kSections.begin(), kSections.end(), name) == kSections.end()) {
+      errors.push_back(bad_input(path + ": " + name, unknown_key_message(name, kSections)));
+      continue;
+    }
     if (section.second.IsNull()) continue;
-    if (!section.second.IsMap())
-      throw bad_input(path + ": " + name, "a section must be a mapping of keys, got " + node_text(section.second));
-    apply_map(table, keys, path, name, section.second);
+    if (!section.second.IsMap()) {
+      errors.push_back(
+          bad_input(path + ": " + name, "a section must be a mapping of keys, got " + node_text(section.second)));
+      continue;
+    }
+    apply_map(table, keys, path, name, section.second, &errors);
+  }
+  if (errors.size() == 1) throw errors.front();
+  if (errors.size() > 1) {
+    std::string all = std::to_string(errors.size()) + " bad keys:";
+    for (const auto& e : errors) all += std::string("\n  ") + e.what();
+    throw bad_input(path, all);
   }
 }
 

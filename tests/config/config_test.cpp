@@ -230,6 +230,24 @@ TEST(Config, FineTuningWithoutWarmupWarns) {
   EXPECT_TRUE(load_config("", {"schedule.warmup_steps=0"}).warnings.empty());
 }
 
+TEST(Config, AFileReportsEveryBadKeyAtOnce) {
+  test::TempDir dir;
+  test::write_text(dir.file("bad.yaml"),
+                   "optim:\n  lrr: 1e-3\n  eps: -1\nschedul:\n  total_steps: 5\nbatch:\n  micro_batch: abc\n"
+                   "model:\n  hidden_size: 64\n");
+  // Unknown keys and values of the wrong type are reported together; ranges (eps > 0) are
+  // checked once the file reads, by each section's validate().
+  const std::string msg = test::bad_input_message([&] { load_config(dir.file("bad.yaml"), {}); });
+  EXPECT_THAT(msg, HasSubstr("3 bad keys:"));
+  EXPECT_THAT(msg, HasSubstr("optim.lrr: unknown key (did you mean 'optim.lr'?)"));
+  EXPECT_THAT(msg, HasSubstr("schedul: unknown key (did you mean 'schedule'?)"));
+  EXPECT_THAT(msg, HasSubstr("batch.micro_batch: expected integer, got 'abc'"));
+  // One bad key reads as before: the key, then the problem.
+  test::write_text(dir.file("one.yaml"), "optim:\n  lrr: 1e-3\n");
+  EXPECT_THAT(test::bad_input_message([&] { load_config(dir.file("one.yaml"), {}); }),
+              HasSubstr("one.yaml: optim.lrr: unknown key"));
+}
+
 TEST(Config, NearestKey) {
   EXPECT_EQ(nearest_key("optim.lrr", {"optim.lr", "optim.eps"}), "optim.lr");
   EXPECT_EQ(nearest_key("zzzzzzzz", {"optim.lr"}), "");
