@@ -152,12 +152,6 @@ std::string render(std::string_view page, const std::map<std::string, std::strin
   return out;
 }
 
-// Text placed inside <script> or an HTML comment must not close it early.
-std::string script_safe(std::string text) {
-  for (size_t at = 0; (at = text.find("</", at)) != std::string::npos; at += 3) text.replace(at, 2, "<\\/");
-  return text;
-}
-
 std::string uplot_version() {
   const std::string_view js = assets::kUplotJs;
   const size_t v = js.find("(v");
@@ -354,8 +348,7 @@ std::string write_html_report(const std::string& run_dir, const HtmlReportOption
   std::string title = "gradguard: " + data["run"]["name"].get<std::string>();
   for (size_t at = 0; (at = title.find_first_of("<&", at)) != std::string::npos; ++at)
     title.replace(at, 1, title[at] == '<' ? "&lt;" : "&amp;");
-  std::string license(assets::kUplotLicense);  // goes in an HTML comment, which "--" would end
-  for (size_t at = 0; (at = license.find("--", at)) != std::string::npos;) license.replace(at, 2, "- -");
+  const std::string license = assets::comment_safe(std::string(assets::kUplotLicense));  // in an HTML comment
   // error_handler_t::replace: a metrics line may carry invalid UTF-8 in a string.
   const std::string json = data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   std::string safe;
@@ -368,11 +361,11 @@ std::string write_html_report(const std::string& run_dir, const HtmlReportOption
                                                       {"TITLE", title},
                                                       {"UPLOT_VERSION", uplot_version()},
                                                       {"UPLOT_LICENSE", license},
-                                                      {"UPLOT_CSS", script_safe(std::string(assets::kUplotCss))},
-                                                      {"REPORT_CSS", script_safe(std::string(assets::kReportCss))},
+                                                      {"UPLOT_CSS", assets::script_safe(std::string(assets::kUplotCss))},
+                                                      {"REPORT_CSS", assets::script_safe(std::string(assets::kReportCss))},
                                                       {"DATA", safe},
-                                                      {"UPLOT_JS", script_safe(std::string(assets::kUplotJs))},
-                                                      {"REPORT_JS", script_safe(std::string(assets::kReportJs))}});
+                                                      {"UPLOT_JS", assets::script_safe(std::string(assets::kUplotJs))},
+                                                      {"REPORT_JS", assets::script_safe(std::string(assets::kReportJs))}});
   const std::string out = options.out_path.empty() ? RunDir(run_dir).report() : options.out_path;
   fs::write_file_atomic(out, page);
   return out;

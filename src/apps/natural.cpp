@@ -17,7 +17,6 @@
 #include <cmath>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -27,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gradguard/apps/child_process.h"
+#include "gradguard/apps/doctor.h"
 #include "gradguard/config/config.h"
 #include "gradguard/core/crc32c.h"
 #include "gradguard/core/error.h"
@@ -150,9 +150,13 @@ std::vector<Setup> all_setups(const NaturalOptions& o, const Plan& plan) {
     return v.back();
   };
   add("plain", "the plain loop: no warmup, no clipping, Adam eps 1e-8, cosine to 0, guard off", {}).headline = true;
-  for (const char* name : {"baseline", "history", "static_warmup", "tuned"})
+  // From scratch only the setups meant for it (normalisation, logit control, the
+  // optimizer variants, warmup and clipping) and the headline ones run: the full set would
+  // not fit the half hour on 2 cores (scratch = false below).
+  for (const char* name : {"baseline", "history", "static_warmup", "tuned"}) {
     v.push_back(guide_setup(o.presets_dir, name, seed_steps, seed_lr, plan));
-  v.back().headline = true;  // tuned
+    v.back().scratch = v.back().headline = std::string(name) == "tuned";
+  }
   add("warmup", "linear warmup over 10% of the steps", {}).warmup_frac = 0.1;
   {
     Setup& w = add("warmup_long", "linear warmup over a third of the steps", {});
@@ -160,18 +164,22 @@ std::vector<Setup> all_setups(const NaturalOptions& o, const Plan& plan) {
     w.scratch = false;  // from scratch the 10% warmup answers the same question
   }
   add("clip", "global clipping at 1.0", {"clip.strategy=global", "clip.max_norm=1.0"});
-  add("agc", "adaptive gradient clipping (rows, lambda 0.01)", {"clip.strategy=agc"});
+  add("agc", "adaptive gradient clipping (rows, lambda 0.01)", {"clip.strategy=agc"}).scratch = false;
   add("adagc", "AdaGC: each tensor held to 1.05 x the EMA of its clipped norms (warmup " + window + " steps)",
-      {"clip.strategy=adagc", "clip.adagc_warmup=" + window});
+      {"clip.strategy=adagc", "clip.adagc_warmup=" + window})
+      .scratch = false;
   add("zscore", "z-score clipping at 2.5 sigma (warmup " + window + " steps at 1.0)",
-      {"clip.strategy=zscore", "clip.zscore_warmup=" + window});
+      {"clip.strategy=zscore", "clip.zscore_warmup=" + window})
+      .scratch = false;
   add("update_clip", "StableAdamW's update clipping", {"optim.update_clipping=true"});
   add("atan2", "Adam-atan2 (no epsilon)", {"optim.name=adam_atan2"});
   add("spam", "SPAM: spike-aware clipping at 5000 x v, clipping from step " + window,
-      {"optim.spam_threshold=5000", "optim.spam_clip_delay=" + window});
+      {"optim.spam_threshold=5000", "optim.spam_clip_delay=" + window})
+      .scratch = false;
   add("zloss", "z-loss 1e-4", {"loss.z_loss=1e-4"});
   add("skip_rule", "OLMo's skip rule at 6 sigma over a " + skip_window + "-step window",
-      {"guard.skip_rule.sigma=6", "guard.skip_rule.window=" + skip_window});
+      {"guard.skip_rule.sigma=6", "guard.skip_rule.window=" + skip_window})
+      .scratch = false;
   add("qk_norm", "QK-norm (RMSNorm on each head of q and k)", {"model.qk_norm=true"}).finetune = false;
   add("guard", "gradguard's guard: detector and recovery ladder, checkpoints to roll back to",
       {"guard.enabled=true"})
@@ -179,20 +187,14 @@ std::vector<Setup> all_setups(const NaturalOptions& o, const Plan& plan) {
   {
     // Chosen from the measurements (docs/natural.md): only a warmup long enough for Adam's
     // second moment to fill (a third of the run here) tames the fine-tuning shock; clipping
-    // and the guard cost nothing there and hold the isolated spikes of bench seed.
+    // is what helps from scratch; the guard costs nothing in either and holds the isolated
+    // spikes of bench seed.
     Setup& r = add("recommended", "warmup over a third of the steps + global clipping at 1.0 + the guard",
                    {"clip.strategy=global", "clip.max_norm=1.0", "guard.enabled=true"});
     r.warmup_frac = 1.0 / 3;
     r.ckpt_frac = 1.0 / 3;
     r.headline = true;
   }
-  // From scratch only the setups meant for it (normalisation, logit control, the
-  // optimizer variants, warmup and clipping) and the headline ones run: the full set would
-  // not fit the half hour on 2 cores.
-  for (auto& s : v)
-    if (s.name == "baseline" || s.name == "history" || s.name == "static_warmup" || s.name == "agc" ||
-        s.name == "adagc" || s.name == "zscore" || s.name == "spam" || s.name == "skip_rule")
-      s.scratch = false;
   if (!o.setups.empty()) {
     for (const auto& name : o.setups)
       if (std::none_of(v.begin(), v.end(), [&](const Setup& s) { return s.name == name; })) {
@@ -221,23 +223,6 @@ std::vector<std::string> plain_loop(const Plan& plan) {
   return ov;
 }
 
-std::string lr_label(double lr) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.0e", lr);
-  return b;
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
-      std::string v = line.substr(line.find(':') + 1);
-      v.erase(0, v.find_first_not_of(' '));
-      return v;
-    }
-  return "unknown CPU";
-}
-
 // Brown's files are named c<category><nn> (ca01 ... cr09): the base reads categories a-j
 // (press, religion, skills, lore, belles lettres, government, learned), the fine-tune k-r
 // (fiction and humour).
@@ -264,12 +249,11 @@ void require_prepared(const std::string& dir, const char* option) {
     if (!fs::exists(dir + f)) throw bad_input(option, dir + f + " does not exist (give a folder made by gradguard prepare)");
 }
 
+// One child run: its identity (scenario, setup, lr, seed, run_dir, log) already in the
+// Run it fills, and the overrides it runs with.
 struct Job {
-  std::string scenario, setup;
-  double lr = 0;
-  int64_t seed = 1;
+  Run run;
   std::vector<std::string> overrides;
-  std::string run_dir, log;
 };
 
 // Runs jobs `jobs` at a time; each result lands at its own index.
@@ -284,20 +268,14 @@ void run_pool(const std::vector<Job>& todo, int64_t jobs, const std::string& exe
       const Job& job = todo[i];
       std::vector<std::string> args = {exe, "train"};
       for (const auto& ov : job.overrides) args.insert(args.end(), {"--set", ov});
-      Run r;
-      r.scenario = job.scenario;
-      r.setup = job.setup;
-      r.lr = job.lr;
-      r.seed = job.seed;
-      r.run_dir = job.run_dir;
-      r.log = job.log;
-      const seed::ChildResult c = seed::run_child(args, job.log);
+      Run r = job.run;
+      const seed::ChildResult c = seed::run_child(args, r.log);
       r.exit_code = c.exit_code;
       r.wall_s = c.wall_s;
       r.failed = c.exit_code != 0 && c.exit_code != 3;
       if (!r.failed) {
         try {
-          r.m = analyse_run(RunDir(job.run_dir).metrics());
+          r.m = analyse_run(RunDir(r.run_dir).metrics());
         } catch (const Error&) {
           r.failed = true;
         }
@@ -388,7 +366,8 @@ NaturalReport run_natural_bench(const NaturalOptions& o, std::FILE* progress) {
 
   NaturalReport report;
   report.mode = o.mode;
-  report.cpu = cpu_model();
+  report.cpu = doctor::read_cpu_info().model;
+  if (report.cpu.empty()) report.cpu = "unknown CPU";
   {
     char b[32];
     const std::time_t now = std::time(nullptr);
@@ -411,11 +390,12 @@ NaturalReport run_natural_bench(const NaturalOptions& o, std::FILE* progress) {
   if (do_finetune) {
     std::vector<Job> todo;
     std::vector<std::pair<std::string, std::string>> stamps;  // [todo index] path, contents
+    const std::string data_crc = hex32(crc32c_file(base_data + "/train.bin"));  // in every base's stamp
     for (int64_t seed = 1; seed <= o.seeds; ++seed) {
       Job job;
-      job.scenario = "base";
-      job.setup = "base";
-      job.seed = seed;
+      job.run.scenario = "base";
+      job.run.setup = "base";
+      job.run.seed = seed;
       job.overrides = plan.model;
       job.overrides.insert(job.overrides.end(), {"run.threads=1", "log.progress=lines", "log.every=50",
                                                  "log.report=false", "log.tensorboard=false", "telemetry.enabled=false",
@@ -424,20 +404,19 @@ NaturalReport run_natural_bench(const NaturalOptions& o, std::FILE* progress) {
       job.overrides.insert(job.overrides.end(), base_files.begin(), base_files.end());
       job.overrides.insert(job.overrides.end(), o.overrides.begin(), o.overrides.end());
       job.overrides.push_back("run.seed=" + std::to_string(seed));
-      job.run_dir = o.out_dir + "/base/seed-" + std::to_string(seed);
-      job.log = job.run_dir + ".log";
+      job.run.run_dir = o.out_dir + "/base/seed-" + std::to_string(seed);
+      job.run.log = job.run.run_dir + ".log";
       job.overrides.insert(job.overrides.end(), {"run.dir=" + o.out_dir + "/base", "run.name=seed-" + std::to_string(seed)});
-      (void)config::load_config("", job.overrides);
+      const int64_t steps = config::load_config("", job.overrides).schedule.total_steps;  // validates them too
       // The stamp: every override and the data's checksum.
       std::string text;
       for (const auto& ov : job.overrides) text += ov + "\n";
-      text += hex32(crc32c_file(base_data + "/train.bin"));
+      text += data_crc;
       const std::string hash = hex32(crc32c(text.data(), text.size()));
-      const std::string stamp = job.run_dir + ".json";
-      const int64_t steps = config::load_config("", job.overrides).schedule.total_steps;
+      const std::string stamp = job.run.run_dir + ".json";
       BaseInfo info;
       info.seed = seed;
-      info.checkpoint = RunDir(job.run_dir).checkpoint(steps);
+      info.checkpoint = RunDir(job.run.run_dir).checkpoint(steps);
       if (fs::exists(stamp)) {
         const auto j = read_json_file(stamp);
         const bool same = string_field(j, "config_hash") == hash;
@@ -463,9 +442,9 @@ NaturalReport run_natural_bench(const NaturalOptions& o, std::FILE* progress) {
     run_pool(todo, jobs, exe, &done, progress, o.mode);
     for (size_t i = 0; i < todo.size(); ++i) {
       if (done[i].failed)
-        throw runtime_error(todo[i].log, "pretraining the base of seed " + std::to_string(todo[i].seed) +
+        throw runtime_error(done[i].log, "pretraining the base of seed " + std::to_string(done[i].seed) +
                                              " failed with exit code " + std::to_string(done[i].exit_code) + ":\n" +
-                                             seed::tail_of(todo[i].log, 8));
+                                             seed::tail_of(done[i].log, 8));
       fs::write_file_atomic(stamps[i].first, stamps[i].second);
     }
     for (auto& info : report.bases) {
@@ -473,12 +452,11 @@ NaturalReport run_natural_bench(const NaturalOptions& o, std::FILE* progress) {
       info.train_loss = info.val_loss = info.noise_scale = std::numeric_limits<double>::quiet_NaN();
       std::istringstream in(fs::read_file(RunDir(o.out_dir + "/base/seed-" + std::to_string(info.seed)).metrics()));
       for (std::string line; std::getline(in, line);) {
-        const auto j = try_parse_json(line);
+        const auto j = try_parse_ordered_json(line);
         if (!j || !j->is_object() || j->contains("event")) continue;
-        const nlohmann::ordered_json oj = *j;
-        if (j->contains("loss")) info.train_loss = number_or_nan(oj, "loss");
-        if (j->contains("val_loss")) info.val_loss = number_or_nan(oj, "val_loss");
-        if (j->contains("noise_scale")) info.noise_scale = number_or_nan(oj, "noise_scale");
+        if (j->contains("loss")) info.train_loss = number_or_nan(*j, "loss");
+        if (j->contains("val_loss")) info.val_loss = number_or_nan(*j, "val_loss");
+        if (j->contains("noise_scale")) info.noise_scale = number_or_nan(*j, "noise_scale");
       }
       if (!fs::exists(info.checkpoint + "/config.json"))
         throw runtime_error(info.checkpoint, "the base of seed " + std::to_string(info.seed) + " has no final checkpoint");
@@ -496,10 +474,10 @@ NaturalReport run_natural_bench(const NaturalOptions& o, std::FILE* progress) {
       for (int64_t seed = 1; seed <= (s.headline ? o.seeds : 1); ++seed)
         for (const double lr : plan.lrs) {
           Job job;
-          job.scenario = scenario;
-          job.setup = s.name;
-          job.lr = lr;
-          job.seed = seed;
+          job.run.scenario = scenario;
+          job.run.setup = s.name;
+          job.run.lr = lr;
+          job.run.seed = seed;
           job.overrides = common;
           job.overrides.insert(job.overrides.end(), s.overrides.begin(), s.overrides.end());
           job.overrides.push_back("schedule.total_steps=" + std::to_string(steps));
@@ -518,8 +496,8 @@ NaturalReport run_natural_bench(const NaturalOptions& o, std::FILE* progress) {
           const std::string dir = o.out_dir + "/" + scenario + "/" + s.name;
           const std::string name = "lr" + lr_label(lr) + "-s" + std::to_string(seed);
           job.overrides.insert(job.overrides.end(), {"run.dir=" + dir, "run.name=" + name});
-          job.run_dir = dir + "/" + name;
-          job.log = job.run_dir + ".log";
+          job.run.run_dir = dir + "/" + name;
+          job.run.log = job.run.run_dir + ".log";
           try {
             (void)config::load_config("", job.overrides);
           } catch (const Error& e) {

@@ -35,12 +35,6 @@ std::string fmt(double v, const char* f = "%.3f") {
   return b;
 }
 
-std::string lr_label(double lr) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.0e", lr);
-  return b;
-}
-
 // A diverged run's final counts as +inf: every comparison treats it as worst.
 double final_or_inf(const Run& r) {
   if (r.failed || !std::isfinite(r.m.final_val)) return kInf;
@@ -65,6 +59,12 @@ std::string fmt_spread(const Spread& s, const char* f = "%.3f") {
 }
 
 }  // namespace
+
+std::string lr_label(double lr) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.0e", lr);
+  return b;
+}
 
 RunMetrics analyse_run(const std::string& path) {
   RunMetrics m;
@@ -415,21 +415,17 @@ std::string NaturalReport::html() const {
     }
     data["scenarios"].push_back(sc);
   }
-  std::string json = data.dump();
-  for (size_t p = 0; (p = json.find("</", p)) != std::string::npos; p += 3) json.replace(p, 2, "<\\/");
+  const std::string json = report::assets::script_safe(data.dump());
   std::string table = markdown();
   for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{{"&", "&amp;"}, {"<", "&lt;"}, {">", "&gt;"}})
     for (size_t p = 0; (p = table.find(from, p)) != std::string::npos; p += to.size()) table.replace(p, from.size(), to);
 
-  std::string license(report::assets::kUplotLicense);  // inside an HTML comment, which "--" would end
-  for (size_t p = 0; (p = license.find("--", p)) != std::string::npos;) license.replace(p, 2, "- -");
-  std::string uplot(report::assets::kUplotJs);  // inside <script>, which "</" would end
-  for (size_t p = 0; (p = uplot.find("</", p)) != std::string::npos; p += 3) uplot.replace(p, 2, "<\\/");
-
+  namespace assets = report::assets;
   std::ostringstream h;
   h << "<!doctype html><html><head><meta charset=\"utf-8\"><title>gradguard bench natural</title>\n"
-    << "<!-- uPlot, inlined below under its MIT license:\n" << license << "\n-->\n<style>"
-    << report::assets::kUplotCss
+    << "<!-- uPlot, inlined below under its MIT license:\n"
+    << assets::comment_safe(std::string(assets::kUplotLicense)) << "\n-->\n<style>"
+    << assets::script_safe(std::string(assets::kUplotCss))
     << "body{font:14px system-ui,sans-serif;margin:24px;max-width:1100px}h2{margin-top:32px}"
        ".row{display:flex;flex-wrap:wrap;gap:24px}.bar{display:flex;align-items:center;gap:8px;margin:2px 0}"
        ".bar span{width:120px;text-align:right}.bar div{background:#4a7fb5;height:14px}"
@@ -438,7 +434,8 @@ std::string NaturalReport::html() const {
     << date << ", " << cpu << ". Final validation loss against the peak learning rate (log scale) for every setup, "
     << "the train loss of the first steps at one learning rate, and each setup's LR sensitivity (Wortsman et al. "
        "2023: lower is more robust).</p><div id=\"charts\"></div><h2>Tables</h2><pre>"
-    << table << "</pre><script>" << uplot << "</script><script>const D=" << json << ";\n"
+    << table << "</pre><script>" << assets::script_safe(std::string(assets::kUplotJs))
+    << "</script><script>const D=" << json << ";\n"
     << R"JS(
 const colors=['#1f77b4','#ff7f0e','#2ca02c','#d62728','#9467bd','#8c564b','#e377c2','#7f7f7f','#bcbd22','#17becf','#393b79','#637939','#8c6d31','#843c39','#7b4173','#3182bd','#e6550d','#31a354'];
 const root=document.getElementById('charts');

@@ -81,6 +81,9 @@ struct RunMetrics {
 // step lines.
 RunMetrics analyse_run(const std::string& metrics_path);
 
+// A learning rate as run names and tables write it ("1e-02").
+std::string lr_label(double lr);
+
 // Wortsman's LR sensitivity of one setup: finals[i] is the final loss at the i-th
 // learning rate (NaN or inf: diverged), `initial` the loss before training.
 double lr_sensitivity(const std::vector<double>& finals, double initial);
