@@ -208,7 +208,25 @@ std::vector<LayoutRow> compare_layouts(const PlanInputs& base, double bytes) {
       using T = model::LoraTarget;
       in.lora.targets = {T::kQ, T::kK, T::kV, T::kO, T::kGate, T::kUp, T::kDown};
     }
-    return LayoutRow{name, in, suggest(in, bytes)};
+    LayoutRow row{name, in, suggest(in, bytes), {}};
+    auto& sets = row.sets;
+    sets.push_back("amp.dtype=bf16");
+    sets.push_back(std::string("memory.weights_dtype=") + name_of(weights));
+    if (weights != amp::AmpDtype::kFp32) sets.push_back("memory.master_weights=true");
+    sets.push_back("memory.zero_stage=" + std::to_string(zero));
+    sets.push_back(std::string("memory.offload_optimizer=") + (offload ? "true" : "false"));
+    sets.push_back("lora.rank=" + std::to_string(lora_rank));
+    if (lora_rank > 0) {
+      std::string targets;
+      for (const auto t : in.lora.targets) targets += (targets.empty() ? "" : ",") + std::string(name_of(t));
+      sets.push_back("lora.targets=[" + targets + "]");
+    }
+    if (row.suggestion.fits) {
+      sets.push_back("batch.micro_batch=" + std::to_string(row.suggestion.micro_batch));
+      sets.push_back("batch.global_batch=" + std::to_string(in.sequences_per_step()));
+      sets.push_back(std::string("model.activation_checkpointing=") + (row.suggestion.checkpointing ? "true" : "false"));
+    }
+    return row;
   };
   const auto f32 = amp::AmpDtype::kFp32, bf16 = amp::AmpDtype::kBf16;
   return {layout("fp32 weights, replicated", f32, 0, false, 0),
@@ -287,6 +305,12 @@ std::string render(const PlanInputs& in, const Device& device) {
                   sg.fits ? (sg.checkpointing ? "on" : "off") : "-", gb(x.total).c_str(), sg.fits ? "yes" : "no");
     out += line;
   }
+  out += "\nkeys of each layout (append to `gradguard train`, or give each to --set; batch sizes where it fits):\n";
+  for (const auto& l : compare_layouts(in, bytes)) {
+    out += "  " + l.name + ":\n   ";
+    for (const auto& kv : l.sets) out += " " + kv;
+    out += "\n";
+  }
   return out;
 }
 
@@ -308,7 +332,7 @@ nlohmann::ordered_json to_json(const PlanInputs& in, const Device& device) {
                                   {"estimate", est(s.estimate)}};
   };
   nlohmann::ordered_json layouts = nlohmann::ordered_json::array();
-  for (const auto& l : compare_layouts(in, bytes)) layouts.push_back({{"layout", l.name}, {"suggestion", sug(l.suggestion)}});
+  for (const auto& l : compare_layouts(in, bytes)) layouts.push_back({{"layout", l.name}, {"sets", l.sets}, {"suggestion", sug(l.suggestion)}});
   const auto e = estimate(in);
   return {{"device", device.name},
           {"device_bytes", bytes},

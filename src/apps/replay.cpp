@@ -58,7 +58,9 @@ ReplayReport replay_snapshot(const std::string& dir, const ReplayOptions& option
   for (const char* f : {"state.json", "config.yaml", "batch.safetensors", "model/config.json"})
     if (!fs::exists(dir + "/" + f)) throw bad_input(dir, std::string("not a snapshot: ") + f + " is missing");
   const nlohmann::json state = read_json_file(dir + "/state.json");
-  auto cfg = config::load_config(dir + "/config.yaml", {});
+  // The snapshot's config.yaml holds the run's effective model; the model it was
+  // fine-tuned from need not exist any more.
+  auto cfg = config::load_config(dir + "/config.yaml", {"model.init_from="});
   ReplayReport r;
   r.snapshot = dir;
   double loss_scale = 1;

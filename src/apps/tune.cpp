@@ -159,7 +159,8 @@ TuneResult run_tune(const TuneOptions& o, std::FILE* progress) {
 
   // Settings every probe shares: short, quiet, no evaluation or periodic checkpoints.
   std::vector<std::string> common = o.overrides;
-  common.insert(common.end(), {"schedule.total_steps=" + std::to_string(o.probe_steps), "eval.every=0",
+  common.insert(common.end(), {"schedule.epochs=0", "schedule.total_steps=" + std::to_string(o.probe_steps),
+                               "schedule.warmup_ratio=0", "eval.every=0",
                                "checkpoint.every=0", "log.progress=none", "log.report=false",
                                "log.tensorboard=false", "run.overwrite=true", "run.dir=" + o.out_dir + "/probes",
                                "optim.lr_scaling=none"});  // tune sets optim.lr itself
@@ -292,9 +293,14 @@ TuneResult run_tune(const TuneOptions& o, std::FILE* progress) {
                                "the trained model out of its basin (bench natural, docs/natural.md)");
     warm = std::to_string(warm_floor);
   }
-  result.recommendation = {"clip.max_norm=" + num(clip, "%.6g"), "schedule.warmup_steps=" + warm,
-                           "optim.lr=" + num(final_lr, "%.6g"), "optim.lr_scaling=none",
-                           "batch.global_batch=" + std::to_string(batch)};
+  result.recommendation = {"clip.max_norm=" + num(clip, "%.6g"), "schedule.warmup_ratio=0",
+                           "schedule.warmup_steps=" + warm, "optim.lr=" + num(final_lr, "%.6g"),
+                           "optim.lr_scaling=none", "batch.global_batch=" + std::to_string(batch)};
+  if (base.schedule.epochs > 0) {
+    // The run's length comes from the data: the warmup stays a share of it.
+    result.recommendation[1] = "schedule.warmup_ratio=" + num(warmup, "%.6g");
+    result.recommendation.erase(result.recommendation.begin() + 2);
+  }
   if (needs_strategy) result.recommendation.insert(result.recommendation.begin(), "clip.strategy=global");
   std::vector<std::string> all = o.overrides;
   all.insert(all.end(), result.recommendation.begin(), result.recommendation.end());

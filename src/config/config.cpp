@@ -8,12 +8,16 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <functional>
+#include <set>
 #include <sstream>
 #include <variant>
 
+#include "gradguard/checkpoint/hf_checkpoint.h"
 #include "gradguard/core/error.h"
 #include "gradguard/core/fs.h"
 
@@ -292,7 +296,8 @@ Field* find_field(std::vector<Field>& table, const std::string& full) {
 // ("amp: {scaler: {mode: dynamic}}" sets amp.scaler.mode) when no field takes a map.
 // Every bad key is collected in `errors` rather than thrown, so a file is reported whole.
 void apply_map(std::vector<Field>& table, const std::vector<std::string>& keys, const std::string& path,
-               const std::string& prefix, const YAML::Node& map, std::vector<Error>* errors) {
+               const std::string& prefix, const YAML::Node& map, std::vector<Error>* errors,
+               std::set<std::string>* given) {
   for (const auto& entry : map) try {
     const std::string full = prefix + "." + entry.first.Scalar();
     Field* f = find_field(table, full);
@@ -300,19 +305,34 @@ void apply_map(std::vector<Field>& table, const std::vector<std::string>& keys, 
       const bool is_section = std::any_of(keys.begin(), keys.end(),
                                           [&](const std::string& k) { return k.rfind(full + ".", 0) == 0; });
       if (is_section) {
-        apply_map(table, keys, path, full, entry.second, errors);
+        apply_map(table, keys, path, full, entry.second, errors, given);
         continue;
       }
     }
     if (f == nullptr) throw bad_input(path + ": " + full, unknown_key_message(full, keys));
     assign(*f, entry.second, path + ": " + full);
+    given->insert(full);
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::kBadInput) throw;
     errors->push_back(e);
   }
 }
 
-void apply_file(Config& c, const std::string& path) {
+// `given` collects the keys assigned (by the file here, by --set below).
+void apply_file(Config& c, const std::string& path, std::set<std::string>* given) {
+  // A preset name misspelled: say which files its directory does hold.
+  if (!std::filesystem::exists(path)) {
+    const auto dir = std::filesystem::path(path).parent_path();
+    std::vector<std::string> presets;
+    std::error_code ec;
+    if (!dir.empty() && std::filesystem::is_directory(dir, ec))
+      for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+        if (e.path().extension() == ".yaml") presets.push_back(e.path().filename().string());
+    std::sort(presets.begin(), presets.end());
+    std::string list;
+    for (const auto& p : presets) list += (list.empty() ? "" : ", ") + p;
+    throw bad_input(path, "cannot open: no such file" + (list.empty() ? "" : " (" + dir.string() + " holds " + list + ")"));
+  }
   const std::string text = fs::read_file(path, kMaxConfigBytes);
   YAML::Node root;
   try {
@@ -338,7 +358,7 @@ void apply_file(Config& c, const std::string& path) {
           bad_input(path + ": " + name, "a section must be a mapping of keys, got " + node_text(section.second)));
       continue;
     }
-    apply_map(table, keys, path, name, section.second, &errors);
+    apply_map(table, keys, path, name, section.second, &errors, given);
   }
   if (errors.size() == 1) throw errors.front();
   if (errors.size() > 1) {
@@ -348,7 +368,7 @@ void apply_file(Config& c, const std::string& path) {
   }
 }
 
-void apply_override(Config& c, const std::string& assignment) {
+void apply_override(Config& c, const std::string& assignment, std::set<std::string>* given) {
   const auto eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0)
     throw bad_input("--set " + assignment, "expected key.path=value, e.g. optim.lr=1e-3");
@@ -364,9 +384,30 @@ void apply_override(Config& c, const std::string& assignment) {
     throw bad_input(where, "value is not valid YAML: " + e.msg);
   }
   assign(*f, node, where);
+  given->insert(key);
 }
 
 bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
+// Pairs of keys where the first, when in use, replaces the second.
+struct Alternative {
+  const char* primary;
+  const char* secondary;
+  bool (*active)(const Config&);  // the primary is in use
+  void (*drop)(Config&);          // the primary back to "not in use"
+  const char* advice;
+};
+const std::vector<Alternative>& alternatives() {
+  static const std::vector<Alternative> all = {
+      {"schedule.epochs", "schedule.total_steps", [](const Config& c) { return c.schedule.epochs > 0; },
+       [](Config& c) { c.schedule.epochs = 0; }, "give the run's length one way (epochs derives total_steps from the data)"},
+      {"schedule.warmup_ratio", "schedule.warmup_steps", [](const Config& c) { return c.schedule.warmup_ratio > 0; },
+       [](Config& c) { c.schedule.warmup_ratio = 0; }, "give the warmup one way (the ratio sets warmup_steps)"},
+      {"schedule.min_lr", "schedule.min_lr_ratio", [](const Config& c) { return c.schedule.min_lr >= 0; },
+       [](Config& c) { c.schedule.min_lr = -1; }, "give the floor one way (min_lr -1 uses min_lr_ratio)"},
+  };
+  return all;
+}
 
 }  // namespace
 
@@ -425,6 +466,17 @@ void Config::validate_memory(int64_t world_size) const {
 }
 
 void Config::finalize(int64_t world_size) {
+  // A fine-tune's model is the one in model.init_from (docs/models.md: its architecture
+  // wins), so its config.json is read before any rule looks at model.* - a 4096-position
+  // model takes data.seq_len=4096 whatever the default max_seq_len says.
+  if (!model.init_from.empty()) {
+    const std::string from = model.init_from;
+    if (!std::filesystem::is_regular_file(from + "/config.json"))
+      throw bad_input("model.init_from", from + "/config.json does not exist: model.init_from is a Hugging Face "
+                                         "model directory (config.json and model.safetensors), e.g. a run's "
+                                         "checkpoints/step-N or an exported model");
+    model = checkpoint::read_hf_config(from, model);
+  }
   run.validate();
   model.validate();
   lora.validate(model.activation_checkpointing);
@@ -432,6 +484,7 @@ void Config::finalize(int64_t world_size) {
   batch.validate();
   loss.validate();
   optim.validate();
+  schedule.resolve();
   schedule.validate();
   clip.validate();
   amp.validate();
@@ -443,9 +496,10 @@ void Config::finalize(int64_t world_size) {
   telemetry.validate();
   dist.validate();
   validate_memory(world_size);
-  if (schedule.min_lr > optim.lr)
+  if (schedule.min_lr >= 0 && schedule.min_lr > optim.lr)
     throw bad_input("schedule.min_lr", "must be <= optim.lr (" + format_double(optim.lr) + "), got " +
-                                           format_double(schedule.min_lr));
+                                           format_double(schedule.min_lr) +
+                                           " (-1 makes the floor schedule.min_lr_ratio x optim.lr)");
   if (data.seq_len > model.max_seq_len)
     throw bad_input("data.seq_len", "must be <= model.max_seq_len (" + std::to_string(model.max_seq_len) +
                                         "), got " + std::to_string(data.seq_len));
@@ -472,7 +526,8 @@ void Config::finalize(int64_t world_size) {
   // first updates are full-size whatever the gradient (m-hat / sqrt(v-hat) = +-1), and
   // one step takes the default model from loss 2.14 to 4.45 at lr 1e-2; 3 warmup steps
   // halve that jump, clipping of any kind does not change it.
-  if (!model.init_from.empty() && schedule.warmup_steps < kFinetuneWarmupSteps)
+  const bool provisional = schedule.epochs > 0 && schedule.warmup_ratio > 0 && !length_from_data;
+  if (!model.init_from.empty() && schedule.warmup_steps < kFinetuneWarmupSteps && !provisional)
     warnings.push_back("schedule.warmup_steps " + std::to_string(schedule.warmup_steps) +
                        " while fine-tuning (model.init_from): without a warmup of at least " +
                        std::to_string(kFinetuneWarmupSteps) +
@@ -501,8 +556,22 @@ std::vector<ChoiceKey> choice_keys() {
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   Config c = default_config();
-  if (!path.empty()) apply_file(c, path);
-  for (const auto& o : overrides) apply_override(c, o);
+  std::set<std::string> in_file, in_sets;
+  if (!path.empty()) apply_file(c, path, &in_file);
+  for (const auto& o : overrides) apply_override(c, o, &in_sets);
+  // Keys that say one thing two ways (alternatives()): a --set of one replaces the file's
+  // other (a preset in epochs runs with `--set schedule.total_steps=50`); both in one
+  // place cannot be guessed.
+  for (const auto& alt : alternatives()) {
+    if (!alt.active(c)) continue;
+    const bool both_set = in_sets.count(alt.primary) && in_sets.count(alt.secondary);
+    const bool both_file = in_file.count(alt.primary) && in_file.count(alt.secondary) &&
+                           !in_sets.count(alt.primary) && !in_sets.count(alt.secondary);
+    if (both_set || both_file)
+      throw bad_input((both_set ? std::string("--set ") : path + ": ") + alt.primary,
+                      std::string("and ") + alt.secondary + " are both set: " + alt.advice);
+    if (in_sets.count(alt.secondary) && !in_sets.count(alt.primary)) alt.drop(c);
+  }
   c.finalize();
   return c;
 }
@@ -526,7 +595,11 @@ std::string to_yaml(const Config& config) {
       sub = f_sub;
       if (!sub.empty()) out << "  " << sub << ":\n";
     }
-    std::string line = std::string(sub.empty() ? 2 : 4, ' ') + leaf + ": " + format_value(f.ptr);
+    // A key that its alternative replaces (schedule.total_steps under schedule.epochs) is
+    // shown commented out, so that loading the file back does not set both.
+    bool derived = false;
+    for (const auto& alt : alternatives()) derived = derived || (f.full() == alt.secondary && alt.active(copy));
+    std::string line = std::string(sub.empty() ? 2 : 4, ' ') + (derived ? "# " : "") + leaf + ": " + format_value(f.ptr);
     if (line.size() < 40) line.append(40 - line.size(), ' ');
     out << line << "  # " << f.doc << "\n";
   }

@@ -58,6 +58,7 @@ struct Trainer::State {
   int64_t start_step = 0;          // first step to run (> 0 after a resume)
   bool complete = false;           // a resumed run whose checkpoint is at schedule.total_steps
   std::vector<std::string> resume_notes;  // what the resume did, for the progress display
+  std::string length_note;                // how schedule.epochs became total_steps, for the header
 
   // Data parallelism (world_size > 1): rank 0 writes the run directory (metrics,
   // checkpoints, snapshots); every rank trains on its shard and sums gradients.

@@ -303,18 +303,28 @@ void check_tokenizer(const data::TokenFile& file, const std::string& init_from) 
 }  // namespace
 
 void Trainer::State::build() {
-  auto& c = cfg;
-  if (!c.model.init_from.empty()) {
-    auto from = c.model.init_from;
-    c.model = checkpoint::read_hf_config(from, c.model);
-    c.model.init_from = from;
-    c.finalize(env.world_size);
-  }
+  auto& c = cfg;  // finalize() has read model.init_from's config.json into c.model
   auto train_file = std::make_shared<data::TokenFile>(c.data.train_path, c.model.vocab_size);
   check_tokenizer(*train_file, c.model.init_from);
   const bool drop_overlong = c.data.overlong == "drop";
   train = std::make_shared<data::TokenDataset>(train_file, c.data.seq_len, c.data.shuffle, c.run.seed, c.data.packing,
                                                drop_overlong);
+  if (c.schedule.epochs > 0) {
+    // The run's length in passes over the data (HF's num_train_epochs): known only now.
+    const int64_t rows = train->num_samples();
+    c.schedule.total_steps = optim::ScheduleOptions::steps_for_epochs(c.schedule.epochs, rows, c.batch.global_batch);
+    c.length_from_data = true;
+    c.finalize(env.world_size);  // warmup_ratio, the checks and the warnings again, with the length known
+    if (c.schedule.warmup_steps > c.schedule.total_steps)
+      throw bad_input("schedule.warmup_steps", std::to_string(c.schedule.warmup_steps) + " is longer than the run: " +
+                                                   "schedule.epochs " + format_number(c.schedule.epochs) + " of " +
+                                                   c.data.train_path + " make " +
+                                                   std::to_string(c.schedule.total_steps) + " steps");
+    length_note = "schedule.epochs " + format_number(c.schedule.epochs) + ": " + std::to_string(rows) + " rows of " +
+                  c.data.train_path + " at " + std::to_string(c.batch.global_batch) + " per step = " +
+                  std::to_string(c.schedule.total_steps) + " steps (warmup " +
+                  std::to_string(c.schedule.warmup_steps) + ")";
+  }
   if (!c.data.val_path.empty()) {
     auto val_file = std::make_shared<data::TokenFile>(c.data.val_path, c.model.vocab_size);
     data::check_same_dataset(*train_file, *val_file);
@@ -425,10 +435,8 @@ void Trainer::State::create_run_dir() {
 }
 
 optim::LrSchedule Trainer::State::schedule() const {
-  // min_lr scales with lr so the floor keeps its ratio to the peak.
-  optim::ScheduleOptions o = cfg.schedule;
-  o.min_lr *= peak_lr / cfg.optim.lr;
-  return optim::LrSchedule(peak_lr, o);
+  // An absolute min_lr scales with lr so the floor keeps its ratio to the peak.
+  return optim::LrSchedule(peak_lr, cfg.schedule, cfg.optim.lr);
 }
 
 std::string Trainer::State::save(int64_t steps_done, bool periodic) {

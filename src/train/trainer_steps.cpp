@@ -258,6 +258,7 @@ std::vector<std::string> Trainer::State::header(int64_t parameters) const {
                 (long long)c.batch.accum_steps, (long long)threads.intra_op, (long long)threads.blas_threads,
                 threads.blas.c_str(), run.root().c_str());
   std::vector<std::string> out = {text};
+  if (!length_note.empty()) out.push_back(length_note);
   for (const auto& w : c.warnings) out.push_back("warning: " + w);
   for (const auto& n : resume_notes) out.push_back(n);
   if (sampler && !sampler->note().empty()) out.push_back("telemetry: " + sampler->note());

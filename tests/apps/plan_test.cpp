@@ -157,8 +157,7 @@ TEST(Plan, GoldenLlama2_7bOnTwoMi210) {
   for (const char* gb : {"64", "32"}) {
     auto r = test::run_cli(std::string("plan --model '") + test::source_path("tests/golden/llama2_7b") +
                            "' --gpus 2 --device mi210 --memory " + gb +
-                           " --global-batch 4096 --seq 2048 --micro 1 --set amp.dtype=bf16 --set data.seq_len=2048"
-                           " --set model.max_seq_len=4096");
+                           " --global-batch 4096 --seq 2048 --micro 1 --set amp.dtype=bf16 --set data.seq_len=2048");
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(r.output, test::read_text(test::source_path(std::string("tests/golden/plan/llama2_7b_2x_mi210_") + gb +
                                                           "gb.txt")))
@@ -171,6 +170,68 @@ TEST(Plan, GoldenLlama2_7bOnTwoMi210) {
   // ZeRO-2 halves the gradients (bf16 shard: 6.7 of 13.5 GB) but not enough without offload.
   EXPECT_THAT(at64, HasSubstr("| bf16 + fp32 masters, ZeRO-2 | 20.6 | 40.4 | - | - |"));
   EXPECT_THAT(at64, HasSubstr("| bf16 + fp32 masters, ZeRO-2, offload | 20.6 | 0.0 (40.4) | 2 x 1024 | off |"));
+}
+
+TEST(Plan, EachLayoutNamesTheKeysThatSelectIt) {
+  // The keys a layout prints are real keys whose values make a configuration with that
+  // layout and the suggested batch: loading them gives back the row's inputs.
+  PlanInputs in;
+  in.model = tiny();
+  in.ranks = 2, in.seq_len = 32, in.global_batch = 64;
+  int checked = 0;
+  for (const auto& row : compare_layouts(in, 40e9)) {
+    SCOPED_TRACE(row.name);
+    ASSERT_TRUE(row.suggestion.fits);  // a tiny model fits everywhere: the batch keys are there too
+    auto sets = row.sets;
+    sets.push_back("data.seq_len=32");
+    config::Config c = config::load_config("", sets);
+    c.finalize(2);
+    const auto back = PlanInputs::from_config(c, 2);
+    EXPECT_EQ(back.amp, row.inputs.amp);
+    EXPECT_EQ(back.memory.weights_dtype, row.inputs.memory.weights_dtype);
+    EXPECT_EQ(back.memory.master_weights || back.memory.weights_dtype == amp::AmpDtype::kFp32,
+              row.inputs.memory.master_weights);
+    EXPECT_EQ(back.memory.zero_stage, row.inputs.memory.zero_stage);
+    EXPECT_EQ(back.memory.offload_optimizer, row.inputs.memory.offload_optimizer);
+    EXPECT_EQ(back.lora.rank, row.inputs.lora.rank);
+    if (row.inputs.lora.enabled()) EXPECT_EQ(back.lora.targets, row.inputs.lora.targets);
+    EXPECT_EQ(back.micro_batch, row.suggestion.micro_batch);
+    EXPECT_EQ(c.batch.accum_steps, row.suggestion.accum_steps);
+    EXPECT_EQ(back.model.activation_checkpointing, row.suggestion.checkpointing);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 8);
+  // The report and its JSON carry them; a layout that does not fit has no batch keys.
+  auto r = test::run_cli(std::string("plan --json --model '") + test::source_path("tests/golden/llama2_7b") +
+                         "' --gpus 2 --device mi210 --memory 64 --global-batch 4096 --seq 2048 --micro 1"
+                         " --set amp.dtype=bf16 --set data.seq_len=2048");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto layouts = nlohmann::json::parse(r.output)["layouts"];
+  ASSERT_EQ(layouts.size(), 8u);
+  EXPECT_EQ(layouts[0]["sets"].size(), 5u);  // replicated fp32 does not fit: no batch keys
+  const auto zero2_offload = layouts[6]["sets"].get<std::vector<std::string>>();
+  EXPECT_EQ(layouts[6]["layout"], "bf16 + fp32 masters, ZeRO-2, offload");
+  EXPECT_THAT(zero2_offload, ::testing::Contains("memory.zero_stage=2"));
+  EXPECT_THAT(zero2_offload, ::testing::Contains("memory.offload_optimizer=true"));
+  EXPECT_THAT(zero2_offload, ::testing::Contains("batch.micro_batch=2"));
+}
+
+TEST(Plan, FineTuningPresetsFitTwoMi210AndTwoH100) {
+  // configs/finetune/ against the published shapes of their models (tests/golden/): the
+  // configured run fits 2 x MI210 64 GB and 2 x H100 80 GB as it stands.
+  for (const auto& [preset, model] : {std::pair<const char*, const char*>{"llama3.1-8b-lora", "llama3_1_8b"},
+                                      {"qwen2.5-7b-full", "qwen2_5_7b"},
+                                      {"mistral-7b-lora", "mistral_7b"}})
+    for (const char* device : {"mi210", "h100"}) {
+      SCOPED_TRACE(std::string(preset) + " on " + device);
+      auto r = test::run_cli(std::string("plan --json --gpus 2 --device ") + device + " --config '" +
+                             test::source_path(std::string("configs/finetune/") + preset + ".yaml") + "' --model '" +
+                             test::source_path(std::string("tests/golden/") + model) + "'");
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      const auto j = nlohmann::json::parse(r.output);
+      EXPECT_TRUE(j["fits"].get<bool>()) << j["estimate"].dump();
+      EXPECT_GT(j["estimate"]["parameters"].get<double>(), 7e9);
+    }
 }
 
 TEST(Plan, LogitsTermAndZLoss) {

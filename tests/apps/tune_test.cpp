@@ -168,10 +168,11 @@ TEST_F(TuneCli, RecommendsAConfigWithEvidence) {
   ASSERT_GE(j["decisions"].size(), 4u);
   // The recommendation is a complete config the trainer accepts, with the chosen values.
   const auto rec = j["recommendation"].get<std::vector<std::string>>();
-  ASSERT_EQ(rec.size(), 5u);
+  ASSERT_EQ(rec.size(), 6u);
   EXPECT_THAT(rec[0], HasSubstr("clip.max_norm="));
+  EXPECT_EQ(rec[1], "schedule.warmup_ratio=0");  // a config's ratio would override the tuned warmup_steps
   const auto cfg = config::load_config(dir_.file("runs/tune/tune.yaml"), {});
-  const std::string batch = rec[4].substr(rec[4].find('=') + 1);
+  const std::string batch = rec[5].substr(rec[5].find('=') + 1);
   EXPECT_EQ(cfg.batch.global_batch, std::stoll(batch));
   EXPECT_EQ(cfg.optim.lr_scaling, optim::LrScaling::kNone);  // tune's optim.lr must not be scaled again
   // The clip choice follows the rule: the first (safest) stable probe within 1% of the best.

@@ -115,10 +115,98 @@ TEST(Config, YamlRoundTrip) {
   EXPECT_EQ(b.batch.accum_steps, 128 / 32);
 }
 
+TEST(Config, AFineTuneLearningRateNeedsNoOtherKey) {
+  // The floor defaults to a share of the peak (schedule.min_lr_ratio 0.1), so a fine-tune's
+  // `--set optim.lr=2e-5` is enough; an absolute min_lr over the peak is still an error.
+  Config c = load_config("", {"optim.lr=2e-5"});
+  EXPECT_EQ(c.schedule.min_lr, -1.0);
+  EXPECT_DOUBLE_EQ(c.schedule.floor_lr(c.optim.lr, c.optim.lr), 2e-6);
+  EXPECT_THAT(test::bad_input_message([] { load_config("", {"optim.lr=2e-5", "schedule.min_lr=1e-4"}); }),
+              HasSubstr("schedule.min_lr: must be <= optim.lr"));
+}
+
+TEST(Config, KeysThatSayOneThingTwoWays) {
+  test::TempDir dir;
+  // Both in one place: exit 2 naming the key, for --set and for a file.
+  EXPECT_THAT(test::bad_input_message([] { load_config("", {"schedule.epochs=2", "schedule.total_steps=50"}); }),
+              HasSubstr("--set schedule.epochs: and schedule.total_steps are both set"));
+  test::write_text(dir.file("both.yaml"), "schedule:\n  warmup_ratio: 0.03\n  warmup_steps: 5\n");
+  EXPECT_THAT(test::bad_input_message([&] { load_config(dir.file("both.yaml"), {}); }),
+              HasSubstr("both.yaml: schedule.warmup_ratio: and schedule.warmup_steps are both set"));
+  EXPECT_THAT(test::bad_input_message([] { load_config("", {"schedule.min_lr=1e-5", "schedule.min_lr_ratio=0.2"}); }),
+              HasSubstr("schedule.min_lr: and schedule.min_lr_ratio are both set"));
+  // A --set of one replaces the file's other: a preset in epochs and warmup_ratio runs a
+  // fixed number of steps, and a preset's ratio gives way to a --set warmup.
+  test::write_text(dir.file("preset.yaml"),
+                   "schedule:\n  epochs: 3\n  warmup_ratio: 0.1\n  min_lr: 1.0e-4\n");
+  Config c = load_config(dir.file("preset.yaml"), {"schedule.total_steps=50", "schedule.warmup_steps=4",
+                                                   "schedule.min_lr_ratio=0.05"});
+  EXPECT_EQ(c.schedule.epochs, 0);
+  EXPECT_EQ(c.schedule.total_steps, 50);
+  EXPECT_EQ(c.schedule.warmup_ratio, 0);
+  EXPECT_EQ(c.schedule.warmup_steps, 4);
+  EXPECT_EQ(c.schedule.min_lr, -1);
+  EXPECT_DOUBLE_EQ(c.schedule.floor_lr(1, 1), 0.05);
+  // ... and the other way round: --set epochs over a file's total_steps.
+  test::write_text(dir.file("steps.yaml"), "schedule:\n  total_steps: 40\n  warmup_steps: 4\n");
+  c = load_config(dir.file("steps.yaml"), {"schedule.epochs=2", "schedule.warmup_ratio=0.1"});
+  EXPECT_EQ(c.schedule.epochs, 2);
+  EXPECT_EQ(c.schedule.warmup_steps, 4);  // 0.1 x the provisional 40; the run derives it again
+  // A file written from such a config loads back to the same one: the replaced key is
+  // written commented out.
+  c = load_config(dir.file("preset.yaml"), {});
+  const std::string yaml = to_yaml(c);
+  EXPECT_THAT(yaml, HasSubstr("  # total_steps: 200"));
+  EXPECT_THAT(yaml, HasSubstr("  # warmup_steps: 20"));
+  EXPECT_THAT(yaml, HasSubstr("  # min_lr_ratio: 0.1"));
+  test::write_text(dir.file("back.yaml"), yaml);
+  EXPECT_EQ(to_yaml(load_config(dir.file("back.yaml"), {})), yaml);
+}
+
+TEST(Config, FineTuningPresetsAreRealisticAndNamedWhenMisspelled) {
+  // configs/finetune/: each preset with its model's published config.json facts
+  // (tests/golden/<model>/config.json) loads, fine-tunes that model with a method's usual
+  // values, and runs on whatever device there is. `plan` checks that each fits two MI210
+  // and two H100 (tests/apps/plan_test.cpp).
+  struct Preset {
+    const char* file;
+    const char* model;
+    bool lora;
+  };
+  for (const auto& p : {Preset{"llama3.1-8b-lora", "llama3_1_8b", true}, Preset{"qwen2.5-7b-full", "qwen2_5_7b", false},
+                        Preset{"mistral-7b-lora", "mistral_7b", true}}) {
+    SCOPED_TRACE(p.file);
+    const std::string path = test::source_path(std::string("configs/finetune/") + p.file + ".yaml");
+    // Alone it names the model directory it expects (the walkthrough's models/...).
+    EXPECT_THAT(test::bad_input_message([&] { load_config(path, {}); }), HasSubstr("model.init_from"));
+    Config c = load_config(path, {"model.init_from=" + test::source_path(std::string("tests/golden/") + p.model)});
+    EXPECT_EQ(c.run.device, "auto");
+    EXPECT_EQ(c.lora.enabled(), p.lora);
+    EXPECT_GE(c.optim.lr, 1e-5);
+    EXPECT_LE(c.optim.lr, 2e-4);
+    EXPECT_GT(c.schedule.warmup_ratio, 0);
+    EXPECT_GT(c.schedule.epochs, 0);
+    EXPECT_EQ(c.schedule.min_lr, -1);  // the floor follows the peak
+    EXPECT_EQ(c.amp.dtype, amp::AmpDtype::kBf16);
+    EXPECT_GT(c.model.max_seq_len, 8000);  // the HF config's positions, not the default 1024
+    EXPECT_TRUE(c.warnings.empty()) << c.warnings.front();
+    // A learning rate alone changes nothing else (the floor is relative).
+    EXPECT_NO_THROW(load_config(path, {"model.init_from=" + test::source_path(std::string("tests/golden/") + p.model),
+                                       "optim.lr=5e-6"}));
+  }
+  const auto msg = test::bad_input_message(
+      [] { load_config(test::source_path("configs/finetune/llama-8b-lora.yaml"), {}); });
+  EXPECT_THAT(msg, HasSubstr("llama-8b-lora.yaml: cannot open: no such file"));
+  EXPECT_THAT(msg, HasSubstr("holds llama3.1-8b-lora.yaml, mistral-7b-lora.yaml, qwen2.5-7b-full.yaml"));
+}
+
 TEST(Config, ShippedPresetsLoad) {
   for (const char* preset : {"configs/default.yaml", "configs/tiny.yaml"})
     EXPECT_NO_THROW(load_config(test::source_path(preset), {})) << preset;
-  // The shipped default.yaml is the built-in default.
+  // The shipped default.yaml is the built-in default, every key spelled out as the option
+  // table writes it.
+  EXPECT_EQ(test::read_text(test::source_path("configs/default.yaml")), to_yaml(load_config("", {})))
+      << "regenerate with: build/gradguard config show > configs/default.yaml";
   EXPECT_EQ(to_yaml(load_config(test::source_path("configs/default.yaml"), {})), to_yaml(load_config("", {})));
 }
 
@@ -221,13 +309,38 @@ TEST(Config, NonPowerOfTwoBatchWarnsUnlessRequired) {
 TEST(Config, FineTuningWithoutWarmupWarns) {
   // bench natural measured the shock (docs/natural.md): a fine-tune with fewer than 10
   // warmup steps is told so; the default's 20 and a run from random init are not.
-  Config c = load_config("", {"model.init_from=/models/base", "schedule.warmup_steps=3"});
+  const std::string base = "model.init_from=" + test::source_path("tests/golden/llama2_7b");
+  Config c = load_config("", {base, "schedule.warmup_steps=3"});
   ASSERT_EQ(c.warnings.size(), 1u);
   EXPECT_THAT(c.warnings[0], HasSubstr("schedule.warmup_steps 3 while fine-tuning (model.init_from)"));
   EXPECT_THAT(c.warnings[0], HasSubstr("docs/natural.md"));
-  EXPECT_TRUE(load_config("", {"model.init_from=/models/base"}).warnings.empty());
-  EXPECT_TRUE(load_config("", {"model.init_from=/models/base", "schedule.warmup_steps=10"}).warnings.empty());
+  EXPECT_TRUE(load_config("", {base}).warnings.empty());
+  EXPECT_TRUE(load_config("", {base, "schedule.warmup_steps=10"}).warnings.empty());
   EXPECT_TRUE(load_config("", {"schedule.warmup_steps=0"}).warnings.empty());
+}
+
+TEST(Config, TheInitFromModelsArchitectureWinsBeforeValidation) {
+  // docs/models.md: a fine-tune's config.json decides the architecture. Llama-2-7B's
+  // (tests/golden/llama2_7b, the published facts) has 4096 positions, so data.seq_len
+  // 2048 and 4096 pass although the built-in default max_seq_len is 1024.
+  const std::string dir = test::source_path("tests/golden/llama2_7b");
+  for (const char* seq : {"2048", "4096"}) {
+    Config c = load_config("", {"model.init_from=" + dir, std::string("data.seq_len=") + seq});
+    EXPECT_EQ(c.model.max_seq_len, 4096);
+    EXPECT_EQ(c.model.hidden_size, 4096);
+    EXPECT_EQ(c.model.vocab_size, 32000);
+    EXPECT_EQ(c.model.init_from, dir);
+  }
+  // Over the model's own positions is still refused, naming both keys.
+  EXPECT_THAT(test::bad_input_message([&] { load_config("", {"model.init_from=" + dir, "data.seq_len=8192"}); }),
+              HasSubstr("data.seq_len: must be <= model.max_seq_len (4096), got 8192"));
+  // A --set architecture key loses to config.json, whichever order.
+  EXPECT_EQ(load_config("", {"model.max_seq_len=512", "model.init_from=" + dir}).model.max_seq_len, 4096);
+  // A directory that is not a model: exit 2 naming the key and the missing file.
+  test::TempDir empty;
+  const auto msg = test::bad_input_message([&] { load_config("", {"model.init_from=" + empty.path()}); });
+  EXPECT_THAT(msg, HasSubstr("model.init_from"));
+  EXPECT_THAT(msg, HasSubstr(empty.path() + "/config.json does not exist"));
 }
 
 TEST(Config, AFileReportsEveryBadKeyAtOnce) {

@@ -223,6 +223,43 @@ TEST_F(Cli, ResumeContinuesARun) {
   EXPECT_THAT(r.output, HasSubstr("model.num_layers = 2 but the configuration asks for 3"));
 }
 
+TEST_F(Cli, EpochsAndWarmupRatioSetTheRunsLengthFromTheData) {
+  // Hugging Face Trainer's arithmetic: steps = ceil(epochs x rows / global batch), warmup
+  // ceil(ratio x steps); a --set epochs replaces the preset's total_steps.
+  const int64_t rows = (data::TokenFile(dir_.file("data/train.bin"), 0).size() - 1) / 16;  // seq_len 16
+  const auto steps = static_cast<int64_t>(std::ceil(0.1 * static_cast<double>(rows) / 8.0));
+  const auto warmup = static_cast<int64_t>(std::ceil(0.25 * static_cast<double>(steps)));
+  ASSERT_GT(steps, 6);  // not tiny.yaml's 6
+  auto r = run_cli(train_args("--set schedule.epochs=0.1 --set schedule.warmup_ratio=0.25 --set eval.every=0"),
+                   dir_.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("schedule.epochs 0.1: " + std::to_string(rows) + " rows of data/train.bin at 8 per "
+                                  "step = " + std::to_string(steps) + " steps (warmup " + std::to_string(warmup) + ")"));
+  EXPECT_THAT(r.output, HasSubstr("summary: " + std::to_string(steps) + " steps"));
+  int64_t n = 0;
+  double first_lr = -1;
+  for (const auto& m : metrics("tiny"))
+    if (m.contains("loss") && !m.contains("event")) {
+      if (n == 0) first_lr = m["lr"].get<double>();
+      ++n;
+    }
+  EXPECT_EQ(n, steps);
+  EXPECT_NEAR(first_lr, 3e-3 / static_cast<double>(warmup), 1e-12);  // lr / W at step 0
+  // The run's config.yaml keeps epochs and shows the derived keys commented out, so a
+  // resume derives the same length.
+  const auto yaml = test::read_text(dir_.file("runs/tiny/config.yaml"));
+  EXPECT_THAT(yaml, HasSubstr("# total_steps: " + std::to_string(steps)));
+  EXPECT_THAT(yaml, HasSubstr("# warmup_steps: " + std::to_string(warmup)));
+  r = run_cli("train --resume auto", dir_.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("is complete (step " + std::to_string(steps) + " of " + std::to_string(steps) + ")"));
+  // A warmup longer than the run the epochs make: exit 2 naming the key and the numbers.
+  r = run_cli(train_args("--name long --set schedule.epochs=0.01 --set schedule.warmup_steps=50"), dir_.path());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("schedule.warmup_steps: 50 is longer than the run: schedule.epochs 0.01 of "
+                                  "data/train.bin make"));
+}
+
 TEST_F(Cli, ExportWritesALoadableHfDirectory) {
   ASSERT_EQ(run_cli(train_args(), dir_.path()).exit_code, 0);
   auto r = run_cli("export runs/tiny --out exported", dir_.path());

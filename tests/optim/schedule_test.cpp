@@ -5,6 +5,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "golden_util.h"
 #include "gradguard/config/config.h"
 #include "gradguard/core/choice.h"
@@ -86,6 +88,48 @@ TEST(Schedule, BatchScalingRules) {
               HasSubstr("optim.lr_scaling: 'cubic' is not valid (valid: none, linear, sqrt)"));
 }
 
+TEST(Schedule, TheDefaultFloorIsAShareOfThePeak) {
+  // min_lr -1 (the default): the floor is min_lr_ratio x the peak, so any optim.lr works;
+  // an absolute min_lr moves with optim.lr_scaling (peak / configured lr).
+  ScheduleOptions o;
+  EXPECT_EQ(o.min_lr, -1.0);
+  EXPECT_DOUBLE_EQ(o.floor_lr(2e-5, 2e-5), 2e-6);
+  EXPECT_DOUBLE_EQ(o.floor_lr(4e-5, 2e-5), 4e-6);
+  o.min_lr_ratio = 0;
+  EXPECT_DOUBLE_EQ(o.floor_lr(4e-5, 2e-5), 0.0);
+  o.min_lr = 1e-6;
+  EXPECT_DOUBLE_EQ(o.floor_lr(4e-5, 2e-5), 2e-6);
+  EXPECT_DOUBLE_EQ(o.floor_lr(4e-5, 0), 1e-6);
+  // The schedule ends on the relative floor.
+  ScheduleOptions rel;
+  rel.warmup_steps = 0, rel.total_steps = 10;
+  EXPECT_DOUBLE_EQ(LrSchedule(2e-5, rel).lr_at(10), 2e-6);
+  EXPECT_DOUBLE_EQ(LrSchedule(2e-5, rel).lr_at(0), 2e-5);
+}
+
+TEST(Schedule, WarmupRatioAndEpochs) {
+  // Hugging Face Trainer's rules (transformers TrainingArguments.get_warmup_steps):
+  // warmup ceil(ratio x N); epochs x rows / global batch rounded up (a last partial
+  // step still trains).
+  ScheduleOptions o;
+  o.total_steps = 1000, o.warmup_ratio = 0.03;
+  o.resolve();
+  EXPECT_EQ(o.warmup_steps, 30);
+  o.total_steps = 100, o.warmup_ratio = 0.021;
+  o.resolve();
+  EXPECT_EQ(o.warmup_steps, 3);  // ceil(2.1)
+  o.total_steps = 10, o.warmup_ratio = 0.01;
+  o.resolve();
+  EXPECT_EQ(o.warmup_steps, 1);  // never 0 when a ratio asks for warmup
+  o.warmup_ratio = 0, o.warmup_steps = 7;
+  o.resolve();
+  EXPECT_EQ(o.warmup_steps, 7);  // ratio 0 leaves warmup_steps alone
+  EXPECT_EQ(ScheduleOptions::steps_for_epochs(3, 10000, 64), 469);  // 30000 / 64 = 468.75
+  EXPECT_EQ(ScheduleOptions::steps_for_epochs(1, 128, 64), 2);
+  EXPECT_EQ(ScheduleOptions::steps_for_epochs(0.5, 128, 64), 1);
+  EXPECT_EQ(ScheduleOptions::steps_for_epochs(0.01, 10, 64), 1);  // at least one step
+}
+
 TEST(Schedule, RejectsBadOptions) {
   auto expect_error = [](ScheduleOptions o, const std::string& key) {
     try {
@@ -103,8 +147,19 @@ TEST(Schedule, RejectsBadOptions) {
   o.total_steps = 0;
   expect_error(o, "schedule.total_steps");
   o = {};
-  o.min_lr = -1;
+  o.min_lr = -0.5;  // -1 is "relative"; other negatives are errors
   expect_error(o, "schedule.min_lr");
+  o = {};
+  o.min_lr_ratio = 1.5;
+  expect_error(o, "schedule.min_lr_ratio");
+  o = {};
+  o.warmup_ratio = 1;
+  expect_error(o, "schedule.warmup_ratio");
+  o = {};
+  o.epochs = -1;
+  expect_error(o, "schedule.epochs");
+  o.epochs = std::nan("");
+  expect_error(o, "schedule.epochs");
   o = {};
   o.wsd_decay_fraction = 0;
   expect_error(o, "schedule.wsd_decay_fraction");

@@ -7,7 +7,6 @@
 
 #include "commands.h"
 #include "gradguard/apps/plan.h"
-#include "gradguard/checkpoint/hf_checkpoint.h"
 #include "gradguard/config/config.h"
 #include "gradguard/core/error.h"
 
@@ -44,9 +43,12 @@ void add_plan_command(CLI::App& app, Action& action) {
         if (v != -1 && v < (std::string(key) == "--global-batch" ? 0 : 1))
           throw bad_input(key, "must be >= " + std::string(std::string(key) == "--global-batch" ? "0" : "1") +
                                    ", got " + std::to_string(v));
-      const auto cfg = config::load_config(a->config, a->sets);
+      // --model is model.init_from: its config.json is read before the configuration is
+      // validated, so its positions allow the sequence length asked for.
+      auto sets = a->sets;
+      if (!a->model.empty()) sets.insert(sets.begin(), "model.init_from=" + a->model);
+      const auto cfg = config::load_config(a->config, sets);
       auto in = plan::PlanInputs::from_config(cfg, a->gpus);
-      if (!a->model.empty()) in.model = checkpoint::read_hf_config(a->model, in.model);
       if (a->global_batch >= 0) in.global_batch = a->global_batch;
       if (a->seq > 0) in.seq_len = a->seq;
       if (a->micro > 0) in.micro_batch = a->micro;

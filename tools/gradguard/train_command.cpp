@@ -146,11 +146,11 @@ void add_train_command(CLI::App& app, Action& action) {
       try {
         r = trainer.run();
       } catch (...) {
-        write_report(cfg, trainer.run_dir(), trainer.rank());  // a halted or failed run is the one most worth a look
+        write_report(trainer.config(), trainer.run_dir(), trainer.rank());  // a halted or failed run is the one most worth a look
         throw;
       }
       // A complete run is left as it was, its report included.
-      const std::string report = r.complete ? "" : write_report(cfg, r.run_dir, r.rank);
+      const std::string report = r.complete ? "" : write_report(trainer.config(), r.run_dir, r.rank);
       // Preempted: the exit code says so to the scheduler's wrapper, on every rank.
       const int code = r.preempted ? kExitPreempted : 0;
       if (r.rank != 0) return code;  // rank 0 reports for the run
@@ -160,10 +160,10 @@ void add_train_command(CLI::App& app, Action& action) {
       }
       if (r.complete)
         std::printf("\nrun %s is complete (step %lld of %lld); nothing to do\n", r.run_dir.c_str(),
-                    (long long)r.steps, (long long)cfg.schedule.total_steps);
+                    (long long)r.steps, (long long)trainer.config().schedule.total_steps);
       else if (r.preempted)
         std::printf("\nstopped by %s after %lld of %lld steps (exit %d); resume with: gradguard train --resume %s\n",
-                    r.stop_signal.c_str(), (long long)r.steps, (long long)cfg.schedule.total_steps, kExitPreempted,
+                    r.stop_signal.c_str(), (long long)r.steps, (long long)trainer.config().schedule.total_steps, kExitPreempted,
                     r.run_dir.c_str());
       else
         std::printf("\nsummary: %lld steps in %s (%.0f tokens/s%s), %lld skipped%s\n", (long long)r.steps,

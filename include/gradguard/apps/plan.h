@@ -121,6 +121,10 @@ struct LayoutRow {
   std::string name;
   PlanInputs inputs;
   Suggestion suggestion;
+  // The overrides that select this layout in a run ("amp.dtype=bf16", ...), then, when
+  // it fits, those of its suggestion (batch.micro_batch, batch.global_batch,
+  // model.activation_checkpointing): `gradguard train KEY=VALUE ...` or one --set each.
+  std::vector<std::string> sets;
 };
 std::vector<LayoutRow> compare_layouts(const PlanInputs& base, double bytes);
 

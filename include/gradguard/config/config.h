@@ -43,11 +43,17 @@ struct Config {
   // Advice produced by finalize() that is not an error (e.g. a global batch that is not
   // a power of two). Not part of the YAML.
   std::vector<std::string> warnings;
+  // schedule.total_steps has been derived from schedule.epochs and the data (the Trainer
+  // sets it); until then a warmup_ratio's step count is provisional. Not part of the YAML.
+  bool length_from_data = false;
 
-  // Validates every section, then the rules that span sections (schedule.min_lr <=
-  // optim.lr, batch.global_batch divisible, power-of-two sizes, data.seq_len <=
-  // model.max_seq_len). Resolves batch.global_batch / batch.accum_steps for `world_size`
-  // ranks. Throws gradguard::Error (bad input) naming the key.
+  // Reads model.init_from's config.json into `model` when it is set (the architecture
+  // of the model being fine-tuned wins over the file and --set; a directory without one
+  // is an error naming model.init_from). Then validates every section, then the rules
+  // that span sections (schedule.min_lr <= optim.lr, batch.global_batch divisible,
+  // power-of-two sizes, data.seq_len <= model.max_seq_len). Resolves
+  // batch.global_batch / batch.accum_steps for `world_size` ranks. Throws
+  // gradguard::Error (bad input) naming the key.
   void finalize(int64_t world_size = 1);
 
  private:
