@@ -93,7 +93,7 @@ std::string architecture_difference(const std::string& dir, const model::LlamaOp
 std::string save_checkpoint(const std::string& root, int64_t step, model::LlamaForCausalLMImpl& model,
                             torch::optim::Optimizer& optimizer, const nlohmann::json& trainer_state,
                             const std::string& config_yaml, int64_t keep_last,
-                            const std::vector<std::string>& extra_files) {
+                            const std::vector<std::string>& extra_files, const std::set<std::string>& pinned) {
   const stdfs::path final_dir = stdfs::path(root) / step_name(step);
   const stdfs::path tmp = stdfs::path(root) / (".tmp-" + step_name(step));
   try {
@@ -165,7 +165,8 @@ std::string save_checkpoint(const std::string& root, int64_t step, model::LlamaF
         dirs.push_back(it->path());
     }
     std::sort(dirs.begin(), dirs.end());
-    for (size_t i = 0; i + keep_last < dirs.size(); ++i) stdfs::remove_all(dirs[i], ec);
+    for (size_t i = 0; i + keep_last < dirs.size(); ++i)
+      if (!pinned.count(dirs[i].filename().string())) stdfs::remove_all(dirs[i], ec);
   }
   return final_dir.string();
 }

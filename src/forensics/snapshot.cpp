@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <set>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -38,14 +39,19 @@ std::string write_snapshot(const std::string& run_dir, const SnapshotData& d) {
   try {
     stdfs::remove_all(tmp);
     stdfs::create_directories(tmp);
-    if (d.write_model) {
-      d.write_model((tmp / "model").string());
+    if (!d.reference.is_null()) {
+      // Over the disk budget: where replay starts instead of the weights (snapshot.h).
+      fs::write_file_atomic((tmp / "reference.json").string(), d.reference.dump(2) + "\n");
     } else {
-      stdfs::create_directories(tmp / "model");
-      checkpoint::save_safetensors((tmp / "model" / "model.safetensors").string(), d.weights);
+      if (d.write_model) {
+        d.write_model((tmp / "model").string());
+      } else {
+        stdfs::create_directories(tmp / "model");
+        checkpoint::save_safetensors((tmp / "model" / "model.safetensors").string(), d.weights);
+      }
+      checkpoint::save_safetensors((tmp / "optimizer.safetensors").string(), d.optimizer_state, d.optimizer_metadata);
+      checkpoint::save_safetensors((tmp / "gradients.safetensors").string(), d.gradients);
     }
-    checkpoint::save_safetensors((tmp / "optimizer.safetensors").string(), d.optimizer_state, d.optimizer_metadata);
-    checkpoint::save_safetensors((tmp / "gradients.safetensors").string(), d.gradients);
     if (d.inputs.defined()) {
       checkpoint::NamedTensors batch = {{"inputs", d.inputs}, {"targets", d.targets}};
       if (d.sample_index.defined()) batch.emplace_back("sample_index", d.sample_index);
@@ -114,11 +120,13 @@ void SnapshotBudget::load_state_dict(const nlohmann::json& s, const std::string&
 
 SnapshotWriter::SnapshotWriter(std::string run_dir, const guard::SnapshotOptions& options,
                                std::function<SnapshotEvidence(const guard::StepOutcome&)> evidence,
-                               std::function<void(const std::string& dir)> write_model)
+                               std::function<void(const std::string& dir)> write_model,
+                               std::function<nlohmann::json(int64_t step)> reference)
     : run_dir_(std::move(run_dir)),
       budget_(options),
       evidence_(std::move(evidence)),
-      write_model_(std::move(write_model)) {}
+      write_model_(std::move(write_model)),
+      reference_(std::move(reference)) {}
 
 guard::SnapshotResult SnapshotWriter::operator()(const guard::GuardedStep& guarded, const guard::StepOutcome& out,
                                                  bool force) {
@@ -155,8 +163,24 @@ guard::SnapshotResult SnapshotWriter::operator()(const guard::GuardedStep& guard
   d.sample_index = ev.sample_index;
   d.positions = ev.positions;
   d.segments = ev.segments;
-  const int64_t bytes = d.estimated_bytes();
-  if (!budget_.allow(out.step, force, bytes, &result.skipped)) return result;
+  int64_t bytes = d.estimated_bytes();
+  if (!budget_.allow(out.step, force, bytes, &result.skipped)) {
+    // The model does not fit the budget (a 7B model's weights, gradients and moments are
+    // over 100 GB): when the loop can name where its state came from, the snapshot keeps
+    // that reference and the batch instead, and replay re-executes the run to this step.
+    nlohmann::json reference = reference_ ? reference_(out.step) : nlohmann::json();
+    if (reference.is_null()) return result;
+    SnapshotData small;
+    small.inputs = d.inputs, small.targets = d.targets, small.sample_index = d.sample_index;
+    std::string reason;
+    if (!budget_.allow(out.step, force, small.estimated_bytes(), &reason)) return result;
+    d.weights.clear(), d.optimizer_state.clear(), d.gradients.clear(), d.optimizer_metadata.clear();
+    d.write_model = nullptr;
+    reference["full_bytes"] = bytes;
+    d.reference = std::move(reference);
+    bytes = d.estimated_bytes();
+    result.skipped.clear();
+  }
 
   // The layers to examine: those the anomaly names, else the three furthest above normal.
   std::vector<size_t> layer_ids;
@@ -245,6 +269,23 @@ guard::SnapshotResult SnapshotWriter::operator()(const guard::GuardedStep& guard
   }
   budget_.record(out.step, bytes);
   return result;
+}
+
+std::set<std::string> pinned_checkpoints(const std::string& run_dir) {
+  std::set<std::string> pinned;
+  std::error_code ec;
+  for (stdfs::directory_iterator it(RunDir(run_dir).snapshots(), ec), end; !ec && it != end; it.increment(ec)) {
+    const auto path = it->path() / "reference.json";
+    if (!fs::exists(path.string())) continue;
+    try {
+      const auto j = nlohmann::json::parse(fs::read_file(path.string(), 1 << 16));
+      const std::string c = j.value("checkpoint", std::string());
+      if (!c.empty()) pinned.insert(stdfs::path(c).filename().string());
+    } catch (const std::exception&) {
+      // An unreadable reference pins nothing; replay names the file when it is used.
+    }
+  }
+  return pinned;
 }
 
 }  // namespace gradguard::forensics

@@ -19,6 +19,12 @@
 namespace gradguard::train {
 using Clock = std::chrono::steady_clock;
 
+TrainResult Trainer::run_until(int64_t last_step, const std::function<void(model::LlamaForCausalLMImpl&)>& before_last) {
+  s_->last_step = last_step;
+  s_->before_last = before_last;
+  return run();
+}
+
 TrainResult Trainer::run() {
   try {
     return run_steps();
@@ -54,7 +60,9 @@ TrainResult Trainer::run_steps() {
   const int64_t tokens_per_step = c.batch.global_batch * c.data.seq_len;
   const auto start = Clock::now();
   s.furthest_step = s.start_step - 1;
+  bool until = false;  // stopped at run_until's last step
   for (int64_t step = s.start_step; step < c.schedule.total_steps; ++step) {
+    if (step == s.last_step && s.before_last) s.before_last(*s.model);
     const auto step_start = Clock::now();
     const double lr = schedule.lr_at(step) * s.guarded->lr_factor(step);
     optim::set_learning_rate(*s.optimizer, lr);
@@ -82,6 +90,10 @@ TrainResult Trainer::run_steps() {
     if (step == s.start_step) result.first_loss = out.loss;
     result.final_loss = out.loss;
     result.steps = step + 1;
+    if (step == s.last_step) {
+      until = true;
+      break;
+    }
 
     if (out.rollback()) {
       std::string dir;
@@ -120,7 +132,7 @@ TrainResult Trainer::run_steps() {
   }
   result.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
   result.tokens_per_s = (result.steps - s.start_step) * tokens_per_step / std::max(result.elapsed_s, 1e-9);
-  if (!result.preempted) {
+  if (!result.preempted && !until) {
     result.final_val_loss = s.validate(result.steps);
     result.checkpoint_dir = s.save(result.steps);
   }

@@ -4,8 +4,10 @@
 // Private to src/train.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -59,6 +61,13 @@ struct Trainer::State {
   bool complete = false;           // a resumed run whose checkpoint is at schedule.total_steps
   std::vector<std::string> resume_notes;  // what the resume did, for the progress display
   std::string length_note;                // how schedule.epochs became total_steps, for the header
+  // The newest checkpoint this run saved or resumed from (step, directory); step -1 =
+  // none yet. A reference snapshot names it (forensics/snapshot.h).
+  std::pair<int64_t, std::string> last_checkpoint{-1, ""};
+  bool resumed = false;
+  // Trainer::run_until: the last step to run (-1 = all) and what sees the model before it.
+  int64_t last_step = -1;
+  std::function<void(model::LlamaForCausalLMImpl&)> before_last;
 
   // Data parallelism (world_size > 1): rank 0 writes the run directory (metrics,
   // checkpoints, snapshots); every rank trains on its shard and sums gradients.

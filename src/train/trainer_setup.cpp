@@ -197,7 +197,16 @@ Trainer::Trainer(config::Config config, std::FILE* out, const std::string& resum
     s_->snapshots = std::make_unique<forensics::SnapshotWriter>(
         s_->run.root(), c.guard.snapshot,
         [st](const guard::StepOutcome& out) { return st->snapshot_evidence(out); },
-        [st](const std::string& dir) { checkpoint::save_hf_model(dir, *st->model); });
+        [st](const std::string& dir) { checkpoint::save_hf_model(dir, *st->model); },
+        [st](int64_t) {
+          // Where a replay of this step starts: the newest checkpoint (the step's state
+          // follows from it deterministically), or the run's own start.
+          const auto& [from, dir] = st->last_checkpoint;
+          if (from < 0 && st->resumed) return nlohmann::json();
+          return nlohmann::json{{"checkpoint", from < 0 ? std::string() : "checkpoints/" + stdfs::path(dir).filename().string()},
+                                {"from_step", std::max<int64_t>(from, 0)},
+                                {"world_size", st->env.world_size}};
+        });
   }
 
   if (!resume_run_dir.empty()) {
@@ -243,6 +252,8 @@ Trainer::Trainer(config::Config config, std::FILE* out, const std::string& resum
                                                     std::to_string(c.schedule.total_steps));
       s_->complete = s_->start_step == c.schedule.total_steps;
       s_->resume_notes.push_back("resumed from " + resume_dir + " (step " + std::to_string(s_->start_step) + ")");
+      s_->resumed = true;
+      s_->last_checkpoint = {s_->start_step, resume_dir};
       // A complete run is left exactly as it is.
       if (s_->main_rank() && !s_->complete) {
         truncate_metrics(s_->run.metrics(), s_->start_step);
@@ -475,7 +486,8 @@ std::string Trainer::State::save(int64_t steps_done, bool periodic) {
     if (!main_rank()) return "";
     auto dir = checkpoint::save_checkpoint(run.checkpoints(), steps_done, *model, *optimizer,
                                            trainer_state(steps_done), config::to_yaml(cfg), cfg.checkpoint.keep_last,
-                                           shard_files);
+                                           shard_files, forensics::pinned_checkpoints(run.root()));
+    last_checkpoint = {steps_done, dir};
     if (!staging.empty()) stdfs::remove_all(staging);
     return dir;
   } catch (const Error& e) {

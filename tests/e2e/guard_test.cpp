@@ -159,6 +159,82 @@ TEST_F(Guard, SnapshotHoldsTheEvidenceAndReplayReproducesADataSpike) {
   EXPECT_GE(report["top_samples"][0]["grad_norm"].get<double>(), report["top_samples"][1]["grad_norm"].get<double>());
 }
 
+TEST_F(Guard, AModelOverTheSnapshotBudgetLeavesAReferenceThatReplaysBitForBit) {
+  // A 7B model's weights, gradients and moments (> 100 GB) never fit guard.snapshot.max_mb;
+  // here the tiny model's ~0.6 MB do not fit 0.05 MiB. The snapshot names the checkpoint
+  // of step 30 instead, keeps it from pruning (keep_last 1 would remove it at step 40),
+  // and replay re-executes steps 30..35 to the recorded step.
+  auto r = run_cli(train_args(45, "--name big --set guard.inject.spike_steps=[35] --set guard.snapshot.max_mb=0.05 "
+                                  "--set checkpoint.keep_last=1"),
+                   dir_.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string snap = snapshot_dir("big");
+  ASSERT_THAT(snap, HasSubstr("step-0000035-"));
+  for (const char* f : {"model", "optimizer.safetensors", "gradients.safetensors"})
+    EXPECT_FALSE(stdfs::exists(snap + "/" + f)) << f;
+  const auto ref = nlohmann::json::parse(test::read_text(snap + "/reference.json"));
+  EXPECT_EQ(ref["checkpoint"], "checkpoints/step-0000030");
+  EXPECT_EQ(ref["from_step"], 30);
+  EXPECT_EQ(ref["world_size"], 1);
+  EXPECT_GT(ref["full_bytes"].get<int64_t>(), 100 * 1024);
+  int64_t bytes = 0;
+  for (const auto& e : stdfs::recursive_directory_iterator(snap))
+    if (e.is_regular_file()) bytes += static_cast<int64_t>(e.file_size());
+  EXPECT_LT(bytes, ref["full_bytes"].get<int64_t>() / 4);  // the batch and the records only
+  // Pruning kept the referenced checkpoint beside the newest.
+  EXPECT_TRUE(stdfs::exists(dir_.file("runs/big/checkpoints/step-0000030/manifest.json")));
+  EXPECT_TRUE(stdfs::exists(dir_.file("runs/big/checkpoints/step-0000045/manifest.json")));
+  EXPECT_FALSE(stdfs::exists(dir_.file("runs/big/checkpoints/step-0000040")));
+
+  auto replay = run_cli("replay '" + snap + "' --json --top 2", dir_.path());
+  ASSERT_EQ(replay.exit_code, 0) << replay.output;
+  const auto report = nlohmann::json::parse(replay.output);
+  const auto state = nlohmann::json::parse(test::read_text(snap + "/state.json"));
+  EXPECT_TRUE(report["reproduced"].get<bool>()) << report.dump(1);
+  EXPECT_TRUE(report["bitwise"].get<bool>()) << report.dump(1);
+  EXPECT_EQ(report["loss"].get<double>(), state["loss"].get<double>());
+  EXPECT_EQ(report["grad_norm"].get<double>(), state["grad_norm"].get<double>());
+  EXPECT_THAT(report["replayed_from"].get<std::string>(), HasSubstr("checkpoints/step-0000030, re-executing steps 30..35"));
+  EXPECT_EQ(report["micro_batches"].size(), 2u);  // the breakdown ran on the re-executed weights
+  EXPECT_EQ(report["top_samples"].size(), 2u);
+  // Nothing of the run changed, and a removed checkpoint is named.
+  stdfs::remove_all(dir_.file("runs/big/checkpoints/step-0000030"));
+  auto gone = run_cli("replay '" + snap + "'", dir_.path());
+  EXPECT_EQ(gone.exit_code, 2) << gone.output;
+  EXPECT_THAT(gone.output, HasSubstr("step-0000030: is gone"));
+  // A reference that is not one gradguard writes: exit 2 naming reference.json.
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {R"({"checkpoint": "checkpoints/step-0000030", "from_step": 30, "world_size": 2})", "the run had 2 ranks"},
+      {R"({"checkpoint": "../../elsewhere", "from_step": 30, "world_size": 1})", "must name checkpoints/step-N"},
+      {R"({"checkpoint": "", "from_step": 99, "world_size": 1})", "from_step 99 is after the step 35"},
+      {R"({"checkpoint": 3})", "reference.json: malformed"},
+  };
+  for (const auto& [text, needle] : bad) {
+    test::write_text(snap + "/reference.json", text);
+    auto r2 = run_cli("replay '" + snap + "'", dir_.path());
+    EXPECT_EQ(r2.exit_code, 2) << text << "\n" << r2.output;
+    EXPECT_THAT(r2.output, HasSubstr(needle)) << text;
+  }
+}
+
+TEST_F(Guard, AReferenceBeforeTheFirstCheckpointReplaysFromTheRunsStart) {
+  // No checkpoint before the step (checkpoint.every 0): the reference is the run's start
+  // (the seeded initialisation), and replay runs steps 0..30 again.
+  auto r = run_cli(train_args(32, "--name early --set guard.inject.spike_steps=[30] --set guard.snapshot.max_mb=0.05 "
+                                  "--set checkpoint.every=0"),
+                   dir_.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string snap = snapshot_dir("early");
+  ASSERT_THAT(snap, HasSubstr("step-0000030-"));
+  const auto ref = nlohmann::json::parse(test::read_text(snap + "/reference.json"));
+  EXPECT_EQ(ref["checkpoint"], "");
+  auto replay = run_cli("replay '" + snap + "' --json --top 0", dir_.path());
+  ASSERT_EQ(replay.exit_code, 0) << replay.output;
+  const auto report = nlohmann::json::parse(replay.output);
+  EXPECT_TRUE(report["bitwise"].get<bool>()) << report.dump(1);
+  EXPECT_THAT(report["replayed_from"].get<std::string>(), HasSubstr("the run's start, re-executing steps 0..30"));
+}
+
 TEST_F(Guard, ReplayOfATransientFaultDoesNotReproduce) {
   auto r = run_cli(train_args(20, "--name transient --set guard.inject.nonfinite_steps=[12]"), dir_.path());
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -5,6 +5,13 @@
 // from what the same inputs give now: non-determinism or a hardware fault (or a fault
 // injected on purpose, which replay does not re-inject and says so).
 //
+// A reference snapshot (forensics/snapshot.h: a model too large for the snapshot budget)
+// holds no weights: replay resumes the run from the checkpoint it names in a scratch
+// directory, re-executes the steps up to the recorded one and compares that step as the
+// trainer ran it (bit for bit on the CPU in fp32); the breakdown below runs on the
+// re-executed weights just before it. It needs the run directory's checkpoint and data
+// where the run had them, and one process.
+//
 // Each micro-batch is re-run on its own, so the report gives per-micro-batch losses and
 // gradient norms; the micro-batch with the largest gradient is then taken apart sample
 // by sample (one backward per sample) to name the samples that drive the spike.
@@ -50,6 +57,10 @@ struct ReplayReport {
   double grad_norm = 0, recorded_grad_norm = 0;
   bool nonfinite = false, recorded_nonfinite = false;
   std::string injected;           // the recorded injected fault ("" = none)
+  // What was re-executed: "the snapshot's weights", or for a reference snapshot the
+  // checkpoint and the steps run again from it.
+  std::string replayed_from;
+  bool exact = false;             // loss and gradient norm equal the recorded ones bit for bit
   std::vector<MicroReplay> micro;
   int64_t driving_micro = 0;      // micro-batch with the largest gradient norm
   std::vector<SampleReplay> samples;  // top samples of driving_micro by gradient norm

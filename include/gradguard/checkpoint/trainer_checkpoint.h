@@ -14,9 +14,11 @@
 // order is a function of the step (docs/design.md).
 #pragma once
 
-#include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "gradguard/model/llama.h"
 
@@ -38,10 +40,13 @@ struct CheckpointContents {
 // is removed and older checkpoints are untouched. `extra_files` (paths) are moved into
 // the checkpoint and listed in its manifest: the sharded optimizer's files
 // (checkpoint/optimizer_shards.h), written by every rank before rank 0 commits.
+// Checkpoints named in `pinned` (step-N directory names) are never pruned: a reference
+// snapshot (forensics/snapshot.h) replays from them.
 std::string save_checkpoint(const std::string& root, int64_t step, model::LlamaForCausalLMImpl& model,
                             torch::optim::Optimizer& optimizer, const nlohmann::json& trainer_state,
                             const std::string& config_yaml, int64_t keep_last,
-                            const std::vector<std::string>& extra_files = {});
+                            const std::vector<std::string>& extra_files = {},
+                            const std::set<std::string>& pinned = {});
 
 // Checks every file of `dir` against its manifest (presence, size, CRC-32C). Throws
 // gradguard::Error (bad input) naming the file and the mismatch.

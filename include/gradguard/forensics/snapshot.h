@@ -15,6 +15,15 @@
 //   telemetry.jsonl        the telemetry window
 //   config.yaml            the effective configuration
 //   diagnosis.json / .md   the diagnosis (diagnosis.h)
+// When the model's tensors do not fit guard.snapshot.max_mb (at 7B they are over 100 GB)
+// and the loop can say where its state came from, the snapshot is a reference snapshot:
+// no model/, optimizer or gradients, but reference.json naming the checkpoint the run
+// last saved before the step ("checkpoint": "checkpoints/step-N", relative to the run
+// directory; "" = the run's start), "from_step", "world_size" and "full_bytes" (what the
+// full snapshot would have taken). That checkpoint is kept while a snapshot refers to it
+// (pinned_checkpoints), and `replay` re-executes the run from it to the step. The batch,
+// state.json, metrics, config and diagnosis are written as always.
+//
 // It is written into a temporary directory and renamed, so a snapshot is complete or
 // absent. SnapshotBudget rate-limits them: a count, a minimum interval and a disk budget
 // checked against the size before anything is written.
@@ -29,6 +38,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -59,6 +69,7 @@ struct SnapshotData {
   std::vector<std::string> metrics_lines;    // oldest first, one JSON object each
   std::vector<std::string> telemetry_lines;  // oldest first
   std::string config_yaml, diagnosis_json, diagnosis_md;
+  nlohmann::json reference;                  // null, or reference.json (a reference snapshot)
 
   int64_t estimated_bytes() const;           // tensor bytes about to be written
 };
@@ -100,9 +111,12 @@ class SnapshotWriter {
  public:
   // `evidence` is called with the outcome of the step being written (may be empty);
   // `write_model` see SnapshotData.
+  // `reference`: reference.json's checkpoint, from_step and world_size for a step, or
+  // null when there is none (then a snapshot over budget is skipped).
   SnapshotWriter(std::string run_dir, const guard::SnapshotOptions& options,
                  std::function<SnapshotEvidence(const guard::StepOutcome&)> evidence = {},
-                 std::function<void(const std::string& dir)> write_model = {});
+                 std::function<void(const std::string& dir)> write_model = {},
+                 std::function<nlohmann::json(int64_t step)> reference = {});
 
   // The GuardedStep snapshot hook (guard::StepHooks::snapshot). A write that fails is
   // reported in the result (skipped = the reason), not thrown: the step goes on.
@@ -116,6 +130,11 @@ class SnapshotWriter {
   SnapshotBudget budget_;
   std::function<SnapshotEvidence(const guard::StepOutcome&)> evidence_;
   std::function<void(const std::string&)> write_model_;
+  std::function<nlohmann::json(int64_t)> reference_;
 };
+
+// Names of the checkpoint directories (step-N) that reference snapshots of the run refer
+// to: checkpoint pruning keeps them.
+std::set<std::string> pinned_checkpoints(const std::string& run_dir);
 
 }  // namespace gradguard::forensics

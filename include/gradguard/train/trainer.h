@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -53,6 +54,12 @@ class Trainer {
   ~Trainer();
 
   TrainResult run();
+  // Replay (apps/replay.h): runs the steps up to and including `last_step` and returns,
+  // with no final validation, checkpoint or report. `before_last` is called with the
+  // model just before that step runs (its weights are the step's inputs); it must leave
+  // the model's parameters and gradients as it found them.
+  TrainResult run_until(int64_t last_step,
+                        const std::function<void(model::LlamaForCausalLMImpl&)>& before_last = {});
   const config::Config& config() const;
   const std::string& run_dir() const;
   int64_t rank() const;  // this process's data-parallel rank (0 for a single process)
