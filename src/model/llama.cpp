@@ -284,6 +284,37 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   return project(o_proj, o_lora, out.transpose(1, 2).reshape({B, T, num_heads_ * head_dim_}), training);
 }
 
+torch::Tensor AttentionImpl::forward_cached(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                                            KvCache& cache, size_t layer) {
+  const int64_t B = x.size(0), T = x.size(1);
+  auto q = project(q_proj, q_lora, x, false).view({B, T, num_heads_, head_dim_});
+  auto k = project(k_proj, k_lora, x, false).view({B, T, num_kv_heads_, head_dim_});
+  if (q_norm) {
+    q = q_norm(q);
+    k = k_norm(k);
+  }
+  q = rope(q, cos, sin).transpose(1, 2);  // [B, H, T, hd]
+  k = rope(k, cos, sin).transpose(1, 2);  // [B, KV, T, hd]
+  auto v = project(v_proj, v_lora, x, false).view({B, T, num_kv_heads_, head_dim_}).transpose(1, 2);
+  torch::Tensor out;
+  if (!cache.k[layer].defined()) {
+    out = causal_attention(q, k, v);  // the prompt: plain causal attention
+    cache.k[layer] = k, cache.v[layer] = v;
+  } else {
+    TORCH_INTERNAL_ASSERT(T == 1, "forward_cached: one token at a time after the prompt");
+    cache.k[layer] = torch::cat({cache.k[layer], k}, 2);
+    cache.v[layer] = torch::cat({cache.v[layer], v}, 2);
+    // The new token sees every cached key: no mask. Query heads grouped by their K/V head
+    // ([B, KV, G, hd]) so K/V are not repeated.
+    const int64_t G = num_heads_ / num_kv_heads_;
+    const auto qg = q.reshape({B, num_kv_heads_, G, head_dim_});
+    const auto scores = torch::matmul(qg, cache.k[layer].transpose(-1, -2)) / std::sqrt(static_cast<double>(head_dim_));
+    const auto probs = torch::softmax(scores.to(torch::kFloat), -1).to(q.scalar_type());  // [B, KV, G, L]
+    out = torch::matmul(probs, cache.v[layer]).reshape({B, num_heads_, 1, head_dim_});
+  }
+  return project(o_proj, o_lora, out.transpose(1, 2).reshape({B, T, num_heads_ * head_dim_}), false);
+}
+
 MlpImpl::MlpImpl(const LlamaOptions& o) {
   gate_proj = register_module("gate_proj", linear(o.hidden_size, o.intermediate_size, o.mlp_bias));
   up_proj = register_module("up_proj", linear(o.hidden_size, o.intermediate_size, o.mlp_bias));
@@ -307,6 +338,12 @@ DecoderLayerImpl::DecoderLayerImpl(const LlamaOptions& o) {
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                         const torch::Tensor& sin, const torch::Tensor& allowed) {
   auto h = x + self_attn->forward(input_layernorm(x), cos, sin, allowed);
+  return h + mlp(post_attention_layernorm(h));
+}
+
+torch::Tensor DecoderLayerImpl::forward_cached(const torch::Tensor& x, const torch::Tensor& cos,
+                                               const torch::Tensor& sin, KvCache& cache, size_t layer) {
+  auto h = x + self_attn->forward_cached(input_layernorm(x), cos, sin, cache, layer);
   return h + mlp(post_attention_layernorm(h));
 }
 
@@ -415,6 +452,33 @@ torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& input_ids, cons
   }
   x = model->norm(x);
   if (lm_head) return lm_head(x);             // [B, T, V]
+  return torch::matmul(x, model->embed_tokens->weight.t());
+}
+
+torch::Tensor LlamaForCausalLMImpl::forward_cached(const torch::Tensor& input_ids, KvCache& cache) {
+  TORCH_CHECK(input_ids.dim() == 2, "input_ids must be [B, T]");
+  const int64_t B = input_ids.size(0), T = input_ids.size(1), end = cache.length + T;
+  if (end > options_.max_seq_len)
+    throw bad_input("model.max_seq_len", std::to_string(end) + " tokens would pass the model's " +
+                                             std::to_string(options_.max_seq_len) + " positions");
+  if (options_.sliding_window > 0 && end > options_.sliding_window)
+    throw bad_input("model.sliding_window", std::to_string(end) + " tokens would pass the attention window of " +
+                                                std::to_string(options_.sliding_window) +
+                                                " (sliding-window attention is not implemented)");
+  const size_t layers = model->layers->size();
+  if (cache.k.size() != layers) cache.k.assign(layers, torch::Tensor()), cache.v.assign(layers, torch::Tensor());
+  const auto positions =
+      torch::arange(cache.length, end, torch::TensorOptions().dtype(torch::kLong).device(input_ids.device()))
+          .unsqueeze(0)
+          .expand({B, T})
+          .contiguous();
+  auto [cos, sin] = rope_at(positions);
+  auto x = model->embed_tokens(input_ids);
+  size_t l = 0;
+  for (const auto& layer : *model->layers) x = layer->as<DecoderLayer>()->forward_cached(x, cos, sin, cache, l++);
+  cache.length = end;
+  x = model->norm(x);
+  if (lm_head) return lm_head(x);
   return torch::matmul(x, model->embed_tokens->weight.t());
 }
 

@@ -22,5 +22,6 @@ void add_doctor_command(CLI::App& app, Action& action);
 void add_tune_command(CLI::App& app, Action& action);
 void add_tokenize_command(CLI::App& app, Action& action);
 void add_plan_command(CLI::App& app, Action& action);
+void add_generate_command(CLI::App& app, Action& action);
 
 }  // namespace gradguard::cli

@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   gradguard::cli::add_tune_command(app, action);
   gradguard::cli::add_plan_command(app, action);
   gradguard::cli::add_tokenize_command(app, action);
+  gradguard::cli::add_generate_command(app, action);
   // A misspelled command gets its nearest name, not CLI11's "a subcommand is required".
   if (argc > 1 && argv[1][0] != '-') {
     std::vector<std::string> names;

@@ -31,6 +31,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -132,6 +133,13 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
+// The keys and values of the tokens a sequence has seen so far, per decoder layer, so that
+// generation feeds only each new token (LlamaForCausalLMImpl::forward_cached).
+struct KvCache {
+  std::vector<torch::Tensor> k, v;  // [layer] -> [B, KV, length, head_dim], keys after RoPE
+  int64_t length = 0;               // tokens cached
+};
+
 class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const LlamaOptions& o);
@@ -139,6 +147,11 @@ class AttentionImpl : public torch::nn::Module {
   // [B, T, T] bool (attention.h) -> [B, T, d]
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& allowed = {});
+  // x [B, T, d] of new tokens at positions cache.length .. + T-1 (cos/sin for those);
+  // appends their keys and values to layer `layer` of the cache. T may be > 1 only while
+  // the cache is empty (the prompt). -> [B, T, d]
+  torch::Tensor forward_cached(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                               KvCache& cache, size_t layer);
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};  // [head_dim] each; only with qk_norm
   LoraAdapter q_lora, k_lora, v_lora, o_lora;  // active only where add_lora put one (model/lora.h)
@@ -173,6 +186,8 @@ class DecoderLayerImpl : public torch::nn::Module {
   // (no double backward). The layer has no dropout, so there is no RNG state to replay.
   torch::Tensor forward_checkpointed(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                                      const torch::Tensor& allowed = {});
+  torch::Tensor forward_cached(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                               KvCache& cache, size_t layer);
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   Attention self_attn{nullptr};
   Mlp mlp{nullptr};
@@ -207,6 +222,12 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // tensor on input_ids' device.
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& positions,
                         const torch::Tensor& segments);
+  // Generation: logits [B, T, vocab] of input_ids [B, T], the tokens that follow the
+  // cache's, which grows by T. The first call (empty cache) takes the prompt, later ones
+  // one token each; the logits equal forward() over the whole sequence up to rounding
+  // (the one-token attention is a plain matmul). Throws gradguard::Error (bad input)
+  // naming model.max_seq_len (or model.sliding_window) when the sequence would pass it.
+  torch::Tensor forward_cached(const torch::Tensor& input_ids, KvCache& cache);
   const LlamaOptions& options() const { return options_; }
   // Turns activation checkpointing on or off for later forward calls (the weights stay).
   // Throws gradguard::Error (bad input) turning it on for a model with LoRA dropout.
