@@ -19,6 +19,7 @@ APT_PACKAGES=(
   python3-torch                                     # Python reference for parity tests/benchmarks
   python3-jinja2                                    # reference for chat templates (tests/golden/chat_templates.py)
   pybind11-dev python3-dev                          # the Python module (python/, docs/python.md)
+  python3-venv python3-pip python3-setuptools python3-wheel   # its `pip install` test in a virtual environment
   libpcre2-dev libutf8proc-dev                      # tokenizers (docs/tokenizers.md)
   libsentencepiece-dev sentencepiece                # .model files (a plugin) and spm_train/spm_encode, their reference
   nodejs                                            # runs the JavaScript reference tokenizer in the tests
