@@ -285,6 +285,11 @@ TEST(Plan, BadArgumentsExitTwoNamingThem) {
       {"plan --memory -3", "--memory"},
       {"plan --gpus 3 --global-batch 64", "--global-batch"},
       {"plan --seq 0", "--seq"},
+      {"plan --seq -1", "--seq: must be in [1, 16777216], got -1"},  // -1 was taken for "unset"
+      {"plan --global-batch -1", "--global-batch: must be in [0, 1073741824]"},
+      {"plan --seq 9223372036854775000", "--seq: must be in [1, 16777216]"},  // no negative token count
+      {"plan --micro 0", "--micro"},
+      {"plan --gpus 99999999", "--gpus"},
       {"plan --model /nonexistent/model", "/nonexistent/model"},
       {"plan --set memory.zero_stage=5", "memory.zero_stage"},
   };

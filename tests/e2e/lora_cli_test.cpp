@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -155,6 +156,40 @@ TEST_F(LoraCli, ExportWritesTheMergedModelAndAPeftAdapter) {
   r = run_cli("export runs/base --out merged --force", dir_->path());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_FALSE(std::filesystem::exists(dir_->file("merged/adapter/adapter_model.safetensors")));
+}
+
+TEST_F(LoraCli, ExportNeverWritesOverItsSourceOrTrainingState) {
+  // A LoRA checkpoint exported onto itself with --force used to be rewritten with the
+  // merged weights and lose lora.json; now every such target is refused before a byte
+  // is written, and the checkpoint stays byte for byte as it was.
+  ASSERT_EQ(run_cli(lora_args("src"), dir_->path()).exit_code, 0);
+  const std::string ckpt = "runs/src/checkpoints/step-0000006";
+  std::map<std::string, std::string> before;
+  for (const auto& e : std::filesystem::directory_iterator(dir_->file(ckpt)))
+    before[e.path().filename().string()] = test::read_text(e.path().string());
+  test::write_text(dir_->file("a_file"), "x");
+  struct Case {
+    std::string out, needle;
+  };
+  const std::vector<Case> cases = {
+      {ckpt, "is the checkpoint being exported"},
+      {ckpt + "/sub", "is inside the checkpoint being exported"},
+      {"runs/src/checkpoints/step-0000004", "holds a training checkpoint"},
+      {"runs/src", "is a run directory"},
+      {"runs/base", "is a run directory"},
+      {"a_file", "is a file, not a directory"},
+  };
+  for (const auto& c : cases) {
+    auto r = run_cli("export " + ckpt + " --out " + c.out + " --force", dir_->path());
+    EXPECT_EQ(r.exit_code, 2) << c.out << "\n" << r.output;
+    EXPECT_THAT(r.output, HasSubstr(c.out + ": " + c.needle)) << c.out;
+  }
+  // From a run directory onto the checkpoint it resolves to, too.
+  auto r = run_cli("export runs/src --out " + ckpt + " --force", dir_->path());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  for (const auto& [name, text] : before) EXPECT_EQ(test::read_text(dir_->file(ckpt + "/" + name)), text) << name;
+  EXPECT_FALSE(std::filesystem::exists(dir_->file(ckpt + "/sub")));
+  EXPECT_EQ(test::read_text(dir_->file("a_file")), "x");
 }
 
 TEST_F(LoraCli, UserErrorsExitTwoNamingTheKeyOrFile) {

@@ -44,6 +44,28 @@ void add_export_command(CLI::App& app, Action& action) {
       } else if (fs::exists(dir + "/manifest.json")) {
         checkpoint::verify_checkpoint(dir);
       }
+      // Never over its own source or any training state, whatever --force says: a
+      // checkpoint rewritten in place no longer matches its manifest (and a LoRA one loses
+      // its adapters), so everything is checked before the first byte is written.
+      std::error_code ec;
+      const auto out_path = stdfs::weakly_canonical(*out, ec);
+      const auto src_path = stdfs::weakly_canonical(dir, ec);
+      const auto inside = [](const stdfs::path& p, const stdfs::path& root) {
+        const auto rel = p.lexically_relative(root);
+        return !rel.empty() && *rel.begin() != "..";
+      };
+      if (stdfs::exists(*out) && !stdfs::is_directory(*out))
+        throw bad_input(*out, "is a file, not a directory: --out names the directory to write the model into");
+      if (inside(out_path, src_path))
+        throw bad_input(*out, "is " + std::string(out_path == src_path ? "" : "inside ") + "the checkpoint being "
+                              "exported (" + dir + "): writing there would destroy it; choose another --out");
+      if (fs::exists(*out + "/manifest.json") || fs::exists(*out + "/trainer_state.json") ||
+          fs::exists(*out + "/optimizer.pt"))
+        throw bad_input(*out, "holds a training checkpoint (manifest.json, trainer_state.json or optimizer.pt): "
+                              "export does not write over one, even with --force; choose another --out");
+      if (stdfs::is_directory(RunDir(*out).checkpoints()) || RunDir(*out).holds_run())
+        throw bad_input(*out, "is a run directory: export does not write into one, even with --force; choose "
+                              "another --out");
       const std::string adapter_dir = *out + "/adapter";
       if (!*force && (fs::exists(*out + "/model.safetensors") || fs::exists(*out + "/config.json") ||
                       fs::exists(adapter_dir + "/adapter_model.safetensors")))

@@ -33,25 +33,37 @@ void add_plan_command(CLI::App& app, Action& action) {
   cmd->add_option("--micro", a->micro, "Micro-batch of 'this run' (default: batch.micro_batch)");
   cmd->add_flag("--cpu", a->cpu, "Plan for CPU processes: no GPU runtime or allocator buffers");
   cmd->add_flag("--json", a->json, "Print the plan as JSON");
-  cmd->callback([&action, a] {
-    action = [a] {
-      if (a->gpus < 1) throw bad_input("--gpus", "must be >= 1, got " + std::to_string(a->gpus));
+  cmd->callback([&action, a, cmd] {
+    // Which of the optional sizes were given: a given one is checked, never replaced by
+    // the configuration's (-1 is not "unset" when the user typed it).
+    const bool has_global = cmd->count("--global-batch") > 0, has_seq = cmd->count("--seq") > 0,
+               has_micro = cmd->count("--micro") > 0;
+    action = [a, has_global, has_seq, has_micro] {
+      if (a->gpus < 1 || a->gpus > (int64_t{1} << 20))
+        throw bad_input("--gpus", "must be in [1, 1048576], got " + std::to_string(a->gpus));
       if (a->memory_gb < 0 || !(a->memory_gb < 1e6))
         throw bad_input("--memory", "must be a size in GB > 0, got " + std::to_string(a->memory_gb));
-      for (auto [key, v] : {std::pair<const char*, int64_t>{"--global-batch", a->global_batch}, {"--seq", a->seq},
-                            {"--micro", a->micro}})
-        if (v != -1 && v < (std::string(key) == "--global-batch" ? 0 : 1))
-          throw bad_input(key, "must be >= " + std::string(std::string(key) == "--global-batch" ? "0" : "1") +
-                                   ", got " + std::to_string(v));
+      // Ranges that keep every product (tokens per step, bytes) far inside int64 and double.
+      struct Size {
+        const char* key;
+        bool given;
+        int64_t value, lo, hi;
+      };
+      for (const auto& z : {Size{"--global-batch", has_global, a->global_batch, 0, int64_t{1} << 30},
+                            Size{"--seq", has_seq, a->seq, 1, int64_t{1} << 24},
+                            Size{"--micro", has_micro, a->micro, 1, int64_t{1} << 20}})
+        if (z.given && (z.value < z.lo || z.value > z.hi))
+          throw bad_input(z.key, "must be in [" + std::to_string(z.lo) + ", " + std::to_string(z.hi) + "], got " +
+                                     std::to_string(z.value));
       // --model is model.init_from: its config.json is read before the configuration is
       // validated, so its positions allow the sequence length asked for.
       auto sets = a->sets;
       if (!a->model.empty()) sets.insert(sets.begin(), "model.init_from=" + a->model);
       const auto cfg = config::load_config(a->config, sets);
       auto in = plan::PlanInputs::from_config(cfg, a->gpus);
-      if (a->global_batch >= 0) in.global_batch = a->global_batch;
-      if (a->seq > 0) in.seq_len = a->seq;
-      if (a->micro > 0) in.micro_batch = a->micro;
+      if (has_global) in.global_batch = a->global_batch;
+      if (has_seq) in.seq_len = a->seq;
+      if (has_micro) in.micro_batch = a->micro;
       if (in.global_batch > 0 && in.global_batch % a->gpus != 0)
         throw bad_input("--global-batch", std::to_string(in.global_batch) + " sequences do not divide over " +
                                               std::to_string(a->gpus) + " GPUs");
