@@ -232,13 +232,14 @@ HfTokenizer::HfTokenizer(const json& doc, const json& config, const std::string&
   std::unordered_map<std::string, int32_t> vocab;
   vocab.reserve(vocab_it->size());
   int64_t max_id = -1;
+  std::string max_where;  // the entry holding max_id, for the message below
   for (auto it = vocab_it->begin(); it != vocab_it->end(); ++it) {
     if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() >= (int64_t{1} << 31)) {
       throw bad_input(at_model.key("vocab").where(), "the id of \"" + excerpt(it.key()) + "\" must be an integer in [0, 2^31)");
     }
     const int32_t id = static_cast<int32_t>(it.value().get<int64_t>());
     vocab[it.key()] = id;
-    max_id = std::max<int64_t>(max_id, id);
+    if (id > max_id) max_id = id, max_where = at_model.key("vocab").where() + " \"" + excerpt(it.key()) + "\"";
   }
   const auto merges_it = model.find("merges");
   std::vector<std::pair<std::string, std::string>> merges;
@@ -299,7 +300,7 @@ HfTokenizer::HfTokenizer(const json& doc, const json& config, const std::string&
       token.normalized = json_bool(t, "normalized", at, !token.special);
       token.lstrip = json_bool(t, "lstrip", at, false);
       token.rstrip = json_bool(t, "rstrip", at, false);
-      max_id = std::max<int64_t>(max_id, token.id);
+      if (token.id > max_id) max_id = token.id, max_where = at.key("id").where();
       added_.push_back(std::move(token));
     }
   }
@@ -310,6 +311,14 @@ HfTokenizer::HfTokenizer(const json& doc, const json& config, const std::string&
   normalizer_ = make_normalizer(doc.value("normalizer", json()), root.key("normalizer"));
   pre_tokenizer_ = make_pre_tokenizer(doc.value("pre_tokenizer", json()), root.key("pre_tokenizer"));
 
+  // Ids are rows of the model's embedding matrix, so a real vocabulary is dense. A lone id
+  // far beyond the number of entries (2,000,000,000 in a 100-token file) would size the
+  // id table below by that id: refused before anything is allocated.
+  const int64_t entries = static_cast<int64_t>(bpe_->vocab().size() + added_.size());
+  if (max_id >= 2 * entries + 65536)
+    throw bad_input(max_where, "id " + std::to_string(max_id) + " is far beyond the vocabulary's " +
+                                   std::to_string(entries) + " entries (ids number the rows of the embedding matrix "
+                                   "and must be about as many as the tokens)");
   id_text_.assign(static_cast<size_t>(max_id + 1), std::string());
   for (const auto& [text, id] : bpe_->vocab()) id_text_[static_cast<size_t>(id)] = text;
   auto added_set = std::make_shared<std::unordered_set<std::string>>();

@@ -277,6 +277,26 @@ TEST(TokenizerErrors, MalformedModelsAreRefusedWithTheirPlace) {
   EXPECT_NE(load_error(doc).find("model"), std::string::npos);
 }
 
+TEST(TokenizerErrors, AnIdFarBeyondTheVocabularyIsRefusedBeforeAllocating) {
+  // One id of 2,000,000,000 in a 17-entry vocabulary used to size the id table by it and
+  // end in std::bad_alloc (exit 1); an added token's 1.5e9 the same.
+  json doc = small_tokenizer();
+  doc["model"]["vocab"]["x"] = 2000000000;
+  auto message = load_error(doc);
+  EXPECT_NE(message.find("model.vocab \"x\": id 2000000000 is far beyond the vocabulary's"), std::string::npos)
+      << message;
+  doc = small_tokenizer();
+  doc["added_tokens"][3]["id"] = 1500000000;
+  message = load_error(doc);
+  EXPECT_NE(message.find("added_tokens[3].id: id 1500000000 is far beyond"), std::string::npos) << message;
+  // A sparse but plausible vocabulary (ids up to twice the entries) still loads.
+  doc = small_tokenizer();
+  doc["added_tokens"][3]["id"] = 40;
+  TempDir dir;
+  write_tokenizer(dir, doc);
+  EXPECT_NO_THROW(Tokenizer::load(dir.path()));
+}
+
 TEST(TokenizerErrors, DecodeRefusesIdsOutsideTheVocabulary) {
   TempDir dir;
   const Tokenizer t = Tokenizer::load(write_tokenizer(dir, small_tokenizer()));
