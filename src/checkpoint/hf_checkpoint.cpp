@@ -23,6 +23,40 @@ namespace gradguard::checkpoint {
 namespace {
 
 // Every tensor of a (possibly sharded) HF directory, with the file each came from.
+// The shapes of every tensor of a model directory's weights, from their headers alone
+// (the files are memory-mapped, so only the header pages are read, whatever the size).
+std::map<std::string, std::vector<int64_t>> weight_shapes(const std::string& dir, std::string* source) {
+  std::vector<std::string> files;
+  const std::string single = dir + "/model.safetensors";
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  if (fs::exists(single) || !fs::exists(index_path)) {
+    *source = single;
+    files.push_back(single);
+  } else {
+    *source = index_path;
+    const nlohmann::json index = read_json_file(index_path);
+    std::set<std::string> names;
+    if (index.contains("weight_map") && index["weight_map"].is_object())
+      for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it)
+        if (it.value().is_string() && it.value().get<std::string>().find('/') == std::string::npos)
+          names.insert(it.value().get<std::string>());
+    for (const auto& n : names) files.push_back(dir + "/" + n);
+  }
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& f : files) {
+    if (!fs::exists(f)) continue;  // the full load names what is missing
+    const fs::MappedFile bytes(f);
+    for (const auto& e : parse_safetensors_header(f, bytes.data(), bytes.size()).entries) shapes[e.name] = e.shape;
+  }
+  return shapes;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
 std::map<std::string, at::Tensor> load_all_tensors(const std::string& dir, std::string* source) {
   const std::string single = dir + "/model.safetensors";
   const std::string index_path = dir + "/model.safetensors.index.json";
@@ -140,7 +174,9 @@ model::LoraOptions read_lora_config(const std::string& dir) {
 }
 
 model::LlamaForCausalLM load_hf_model(const std::string& dir, const model::LlamaOptions& base) {
-  model::LlamaForCausalLM model(read_hf_config(dir, base));
+  const auto options = read_hf_config(dir, base);
+  check_weights_fit_config(dir, options);
+  model::LlamaForCausalLM model(options);
   const auto lora = read_lora_config(dir);
   if (lora.enabled()) {
     try {
@@ -151,6 +187,34 @@ model::LlamaForCausalLM load_hf_model(const std::string& dir, const model::Llama
   }
   load_hf_weights(dir, *model);
   return model;
+}
+
+void check_weights_fit_config(const std::string& dir, const model::LlamaOptions& o) {
+  std::string source;
+  const auto shapes = weight_shapes(dir, &source);
+  const std::vector<int64_t> embed = {o.vocab_size, o.hidden_size};
+  const auto it = shapes.find("model.embed_tokens.weight");
+  const auto another = [&](const std::string& what) {
+    return bad_input(source, what + ": the weights belong to another model than " + dir +
+                                 "/config.json describes (refused before the model was allocated)");
+  };
+  if (it != shapes.end() && it->second != embed)
+    throw another("holds model.embed_tokens.weight of shape " + shape_text(it->second) + ", config.json's "
+                  "vocab_size x hidden_size is " + shape_text(embed));
+  int64_t layers = 0;
+  for (const auto& [name, shape] : shapes) {
+    (void)shape;
+    if (name.rfind("model.layers.", 0) != 0) continue;
+    const auto end = name.find('.', 13);
+    try {
+      layers = std::max<int64_t>(layers, std::stoll(name.substr(13, end - 13)) + 1);
+    } catch (const std::exception&) {
+      // not a layer index: the full load names the tensor as unexpected
+    }
+  }
+  if (layers > 0 && layers != o.num_layers)
+    throw another("holds " + std::to_string(layers) + " decoder layers, config.json's num_hidden_layers is " +
+                  std::to_string(o.num_layers));
 }
 
 model::LlamaOptions read_hf_config(const std::string& dir, const model::LlamaOptions& base) {

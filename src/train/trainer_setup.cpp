@@ -349,6 +349,7 @@ void Trainer::State::build() {
                                                drop_overlong);
   }
 
+  if (!c.model.init_from.empty()) checkpoint::check_weights_fit_config(c.model.init_from, c.model);
   model = model::LlamaForCausalLM(c.model);
   if (!c.model.init_from.empty()) checkpoint::load_hf_weights(c.model.init_from, *model);
   // LoRA freezes what was loaded and adds the adapters (model/lora.h); only parameters

@@ -121,6 +121,34 @@ TEST_F(Hostile, DeepJsonInAnHfConfigIsBadInput) {
   }
 }
 
+TEST_F(Hostile, ABigConfigBesideSmallWeightsIsRefusedBeforeAllocating) {
+  // A 70B config.json (Llama-3-70B's shape) next to the tiny model's weights used to
+  // allocate the 70B model (280 GB in fp32) before the first tensor was compared. The
+  // weights' headers are now checked against config.json first, by train and by export.
+  ASSERT_EQ(run_cli(train_args("--name src"), dir_.path()).exit_code, 0);
+  ASSERT_EQ(run_cli("export runs/src --out hf", dir_.path()).exit_code, 0);
+  auto cfg = nlohmann::json::parse(test::read_text(path("hf/config.json")));
+  const auto small = cfg;
+  cfg["hidden_size"] = 8192, cfg["intermediate_size"] = 28672, cfg["num_hidden_layers"] = 80;
+  cfg["num_attention_heads"] = 64, cfg["num_key_value_heads"] = 8, cfg["vocab_size"] = 128256;
+  cfg["max_position_embeddings"] = 8192;
+  test::write_text(path("hf/config.json"), cfg.dump());
+  auto r = run_cli(train_args("--name big --set model.init_from=hf"), dir_.path());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("hf/model.safetensors: holds model.embed_tokens.weight of shape [256, 32], "
+                                  "config.json's vocab_size x hidden_size is [128256, 8192]"));
+  r = run_cli("export hf --out again", dir_.path());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("the weights belong to another model"));
+  // Only the layer count differs: named too.
+  cfg = small;
+  cfg["num_hidden_layers"] = 40;
+  test::write_text(path("hf/config.json"), cfg.dump());
+  r = run_cli(train_args("--name deeper --set model.init_from=hf"), dir_.path());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("holds 2 decoder layers, config.json's num_hidden_layers is 40"));
+}
+
 TEST_F(Hostile, DeepJsonInTrainerStateFallsBackToAnOlderCheckpoint) {
   ASSERT_EQ(run_cli(train_args("--set checkpoint.every=2 --set checkpoint.keep_last=0"), dir_.path()).exit_code, 0);
   const std::string good = path("runs/tiny/checkpoints/step-0000004/model.safetensors");

@@ -58,6 +58,14 @@ model::LlamaForCausalLM load_hf_model(const std::string& dir, const model::Llama
 // missing, has the wrong type, describes an unsupported model or is unknown.
 model::LlamaOptions read_hf_config(const std::string& dir, const model::LlamaOptions& base);
 
+// Compares the shapes in the weights' headers (model.safetensors or its shards; only the
+// headers are read) with the model `o` describes: the embedding's [vocab_size,
+// hidden_size] and the number of decoder layers. Throws gradguard::Error (bad input) naming
+// the weights file and both shapes when they belong to another model, before anything of
+// the model's size is allocated (a 70B config.json beside a small model's weights).
+// load_hf_model calls it; so does the trainer before it builds an init_from model.
+void check_weights_fit_config(const std::string& dir, const model::LlamaOptions& o);
+
 // Copies the tensors of <dir>/model.safetensors, or of the shards listed by
 // <dir>/model.safetensors.index.json, into the model's parameters (converting dtype). Every parameter must be present with the same shape; extra tensors are an
 // error except lm_head.weight of a tied model and rotary caches (a LoRA adapter tensor in
