@@ -380,6 +380,14 @@ TEST_F(Cli, BareOverridesWorkAsSetAndCommandsAreSpellChecked) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("'trian' is not a gradguard command; did you mean 'train'?"));
   EXPECT_THAT(r.output, HasSubstr("commands: train, prepare"));
+  // A misspelled option: its nearest name and the command's usage line.
+  r = run_cli("train --confg my.yaml", dir_.path());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("gradguard train has no option --confg; did you mean --config?"));
+  EXPECT_THAT(r.output, HasSubstr("Usage:"));
+  r = run_cli("plan --gpu 2", dir_.path());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("gradguard plan has no option --gpu; did you mean --gpus?"));
 }
 
 TEST_F(Cli, BadDataExitsTwoNamingTheFile) {

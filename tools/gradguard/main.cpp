@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,32 @@ int main(int argc, char** argv) {
   }
   try {
     app.parse(argc, argv);
+  } catch (const CLI::ExtrasError& e) {
+    // An option the command does not have: its nearest name and the command's usage line,
+    // rather than CLI11's bare "argument was not expected".
+    CLI::App* sub = nullptr;
+    for (auto* s : app.get_subcommands()) sub = s;
+    std::vector<std::string> names;
+    if (sub != nullptr)
+      for (const auto* opt : sub->get_options())
+        for (const auto& l : opt->get_lnames()) names.push_back("--" + l);
+    std::string unknown;
+    for (int i = 2; sub != nullptr && i < argc && unknown.empty(); ++i) {
+      const std::string arg = argv[i];
+      if (arg == "--") break;
+      const std::string name = arg.substr(0, arg.find('='));
+      if (name.rfind("--", 0) == 0 && std::find(names.begin(), names.end(), name) == names.end()) unknown = name;
+    }
+    if (unknown.empty()) return app.exit(e) == 0 ? 0 : 2;
+    const std::string near = gradguard::config::nearest_key(unknown, names);
+    std::string usage;
+    std::istringstream help(sub->help());
+    for (std::string line; std::getline(help, line);)
+      if (line.rfind("Usage:", 0) == 0) usage = line;
+    std::fprintf(stderr, "error: gradguard %s has no option %s%s\n%s\nRun `gradguard %s --help` for its options.\n",
+                 sub->get_name().c_str(), unknown.c_str(), near.empty() ? "" : ("; did you mean " + near + "?").c_str(),
+                 usage.c_str(), sub->get_name().c_str());
+    return 2;
   } catch (const CLI::ParseError& e) {
     int code = app.exit(e);
     return code == 0 ? 0 : 2;
