@@ -108,6 +108,9 @@ struct Trainer::State {
   // Restores model, optimizer, RNG and the guard from checkpoint `dir`; `scope` says how
   // much of the guard. Returns the step.
   int64_t restore(const std::string& dir, guard::RestoreScope scope);
+  // After a checkpoint's tensors are in: throws gradguard::Error (bad input) naming the
+  // file when a weight or an optimizer moment is not finite, or a second moment negative.
+  void check_loaded_values(const std::string& dir) const;
   // Every rank reports how `phase` went (its exception, or none) and learns whether the
   // others failed; rethrows this rank's own error. No-op for a single process.
   void agree(const std::string& phase, const std::exception_ptr& error);

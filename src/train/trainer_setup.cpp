@@ -455,6 +455,20 @@ std::string Trainer::State::save(int64_t steps_done, bool periodic) {
   std::vector<std::string> shard_files;
   stdfs::path staging;
   try {
+    // A checkpoint is something to resume from: one whose weights are not finite would
+    // only carry the damage forward (every rank holds the same weights, so all agree).
+    // One flag for all tensors: a single device-to-host copy per checkpoint (none on the
+    // CPU), next to the checkpoint's own copies of every weight.
+    std::vector<torch::Tensor> finite;
+    for (const auto& p : params) finite.push_back(torch::isfinite(p.detach()).all());
+    const auto all_finite = torch::stack(finite).all().to(torch::kCPU);
+    if (!*all_finite.data_ptr<bool>()) {
+      size_t i = 0;
+      while (i + 1 < params.size() && finite[i].to(torch::kCPU).data_ptr<bool>()[0]) ++i;
+      throw runtime_error(RunDir(run.root()).checkpoint(steps_done),
+                          "checkpoint not written: the weights of '" + names[i] +
+                              "' hold non-finite values; earlier checkpoints are intact");
+    }
     if (sharded) {
       // Every rank writes its shard next to the checkpoints; rank 0 moves them into the
       // checkpoint it commits. The ranks agree first: no checkpoint without every shard.
@@ -584,6 +598,27 @@ nlohmann::ordered_json Trainer::State::trainer_state(int64_t steps_done) const {
           {"guard", guard_state}};
 }
 
+void Trainer::State::check_loaded_values(const std::string& dir) const {
+  // Values no training step produces: the checkpoint is refused like a corrupt one (resume
+  // falls back to the one before). One host read per tensor, at restore only.
+  const std::string optimizer_file =
+      sharded ? dir + "/" + checkpoint::optimizer_shard_file(env.rank, env.world_size) : dir + "/optimizer.pt";
+  const auto bad = [](const torch::Tensor& t) { return !torch::isfinite(t).all().item<bool>(); };
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (bad(params[i].detach()))
+      throw bad_input(dir + "/model.safetensors", "tensor '" + names[i] + "' holds non-finite values");
+    if (!guarded->hooks().moments) continue;
+    const auto m = guarded->hooks().moments(i);
+    if (m.exp_avg.defined() && bad(m.exp_avg))
+      throw bad_input(optimizer_file, "exp_avg of '" + names[i] + "' holds non-finite values");
+    if (m.exp_avg_sq.defined() && (bad(m.exp_avg_sq) || (m.exp_avg_sq < 0).any().item<bool>()))
+      throw bad_input(optimizer_file, "exp_avg_sq of '" + names[i] +
+                                          "' holds non-finite or negative values (a second moment is a mean of squares)");
+    if (m.momentum_buffer.defined() && bad(m.momentum_buffer))
+      throw bad_input(optimizer_file, "momentum_buffer of '" + names[i] + "' holds non-finite values");
+  }
+}
+
 int64_t Trainer::State::restore(const std::string& dir, guard::RestoreScope scope) {
   // Every field of trainer_state.json is checked before anything is loaded: a checkpoint
   // whose state is wrong (a negative step, a short RNG state, a counter of the wrong
@@ -604,6 +639,7 @@ int64_t Trainer::State::restore(const std::string& dir, guard::RestoreScope scop
   if (with_snapshots) forensics::SnapshotBudget(cfg.guard.snapshot).load_state_dict(r.object("guard").raw("snapshots"), where);
 
   auto loaded = checkpoint::load_checkpoint(dir, *model, *optimizer);  // checks the architecture and every tensor
+  check_loaded_values(dir);
   guarded->load_state_dict(st, scope, where);
   gen.set_state(rng);
   if (scope == guard::RestoreScope::kResume) {

@@ -149,6 +149,35 @@ TEST_F(Hostile, ABigConfigBesideSmallWeightsIsRefusedBeforeAllocating) {
   EXPECT_THAT(r.output, HasSubstr("holds 2 decoder layers, config.json's num_hidden_layers is 40"));
 }
 
+TEST_F(Hostile, ImpossibleOptimizerStateOrWeightsFallBackToAnOlderCheckpoint) {
+  // A negative second moment in a ZeRO shard, or a NaN weight, with the manifest rewritten
+  // to match, used to load and train on. Both are refused like a corrupt checkpoint and
+  // resume falls back to the one before.
+  ASSERT_EQ(run_cli(train_args("--set memory.zero_stage=1 --set checkpoint.every=2 --set checkpoint.keep_last=0"),
+                    dir_.path())
+                .exit_code,
+            0);
+  const std::string shard = "optimizer-shard-00000-of-00001.safetensors";
+  auto corrupt = [&](const std::string& ckpt, const std::string& file, const std::string& tensor, double value) {
+    auto c = checkpoint::load_safetensors(ckpt + "/" + file);
+    c.tensors.at(tensor).view({-1})[3] = value;
+    checkpoint::NamedTensors t(c.tensors.begin(), c.tensors.end());
+    checkpoint::save_safetensors(path("tmp.safetensors"), t, c.metadata);
+    rewrite_in_checkpoint(ckpt, file, test::read_text(path("tmp.safetensors")));
+  };
+  corrupt(path("runs/tiny/checkpoints/step-0000006"), shard, "exp_avg_sq", -1.0);
+  auto r = run_cli("train --resume runs/tiny --set schedule.total_steps=7", dir_.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr(shard + ": exp_avg_sq of 'model.embed_tokens.weight' holds non-finite or negative"));
+  EXPECT_THAT(r.output, HasSubstr("resumed from runs/tiny/checkpoints/step-0000004"));
+  // The run went on from step 4 to its new end, step 7; now a NaN weight there.
+  corrupt(path("runs/tiny/checkpoints/step-0000007"), "model.safetensors", "model.norm.weight", std::nan(""));
+  r = run_cli("train --resume runs/tiny --set schedule.total_steps=8", dir_.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("model.safetensors: tensor 'model.norm.weight' holds non-finite values"));
+  EXPECT_THAT(r.output, HasSubstr("resumed from runs/tiny/checkpoints/step-0000006"));
+}
+
 TEST_F(Hostile, DeepJsonInTrainerStateFallsBackToAnOlderCheckpoint) {
   ASSERT_EQ(run_cli(train_args("--set checkpoint.every=2 --set checkpoint.keep_last=0"), dir_.path()).exit_code, 0);
   const std::string good = path("runs/tiny/checkpoints/step-0000004/model.safetensors");
