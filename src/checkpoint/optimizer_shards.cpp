@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include "gradguard/checkpoint/safetensors.h"
+#include "gradguard/core/crc32c.h"
 #include "gradguard/core/error.h"
 #include "gradguard/core/fs.h"
 #include "gradguard/core/json_read.h"
@@ -45,13 +46,31 @@ bool is_optimizer_shard_file(const std::string& name) {
   return name == kOptimizerShardsLayout || std::regex_match(name, shard);
 }
 
+namespace {
+
+// A shard's tie to its layout: crc32c of the world size, the shard size and every
+// tensor's name and size, as 8 hex digits. A shard from another checkpoint, model or
+// world size has another one.
+std::string layout_fingerprint(int64_t world, int64_t shard, const std::vector<std::string>& names,
+                               const std::vector<int64_t>& numels) {
+  std::string text = std::to_string(world) + "|" + std::to_string(shard);
+  for (size_t t = 0; t < names.size(); ++t) text += "|" + names[t] + ":" + std::to_string(numels[t]);
+  char hex[16];
+  std::snprintf(hex, sizeof hex, "%08x", static_cast<unsigned>(crc32c(text.data(), text.size())));
+  return hex;
+}
+
+}  // namespace
+
 void save_optimizer_shard(const std::string& path, optim::ShardedOptimizer& optimizer) {
   NamedTensors tensors = {{"exp_avg", optimizer.exp_avg()}, {"exp_avg_sq", optimizer.exp_avg_sq()}};
   if (optimizer.has_masters()) tensors.emplace_back("master", optimizer.master());
+  const auto& l = optimizer.layout();
   save_safetensors(path, tensors,
                    {{"format", kFormat},
                     {"rank", std::to_string(optimizer.sharding().rank)},
-                    {"world_size", std::to_string(optimizer.sharding().world_size)}});
+                    {"world_size", std::to_string(optimizer.sharding().world_size)},
+                    {"layout", layout_fingerprint(l.world_size, l.shard_size, optimizer.names(), l.numels)}});
 }
 
 nlohmann::ordered_json optimizer_shards_layout(optim::ShardedOptimizer& optimizer) {
@@ -121,6 +140,22 @@ void load_optimizer_shards(const std::string& dir, optim::ShardedOptimizer& opt)
     const std::string file = dir + "/" + optimizer_shard_file(old, world);
     if (!fs::exists(file)) throw bad_input(file, "missing: the layout lists " + std::to_string(world) + " shards");
     const auto c = load_safetensors(file);
+    // Bound to its place: the rank and world size it was written for, and the layout (a
+    // swapped or foreign shard, even with a manifest rewritten to match, would have every
+    // rank step another's moments). Shards written before the layout key have none.
+    std::vector<std::string> saved_names;
+    for (const auto& n : names) saved_names.push_back(n.get<std::string>());
+    const std::vector<std::pair<const char*, std::string>> expected = {
+        {"rank", std::to_string(old)},
+        {"world_size", std::to_string(world)},
+        {"layout", layout_fingerprint(world, shard, saved_names, numels)}};
+    for (const auto& [key, value] : expected) {
+      const auto it = c.metadata.find(key);
+      if (it != c.metadata.end() && it->second != value)
+        throw bad_input(file, std::string("records ") + key + " " + it->second + " where this file of the layout " +
+                                  kOptimizerShardsLayout + " must have " + value +
+                                  ": a shard swapped with another or taken from another checkpoint");
+    }
     if (into_weights) opt.set_flat_params(old_b, shard_tensor(c, file, "master", shard).narrow(0, 0, old_e - old_b));
     if (!overlaps) continue;
     const int64_t n = hi - lo;

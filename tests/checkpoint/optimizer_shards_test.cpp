@@ -124,6 +124,29 @@ TEST(OptimizerShards, AnotherModelOrABrokenShardIsRefusedNamingTheFile) {
   EXPECT_THAT(message, HasSubstr("shard_size"));
 }
 
+TEST(OptimizerShards, ASwappedOrForeignShardIsRefused) {
+  // Two shards swapped, their checksums made to agree: each records its rank and layout,
+  // so loading names the file instead of stepping another rank's moments.
+  test::TempDir dir;
+  save_state(dir.path(), 2, false);
+  const auto f0 = dir.file(optimizer_shard_file(0, 2)), f1 = dir.file(optimizer_shard_file(1, 2));
+  std::filesystem::rename(f0, dir.file("x"));
+  std::filesystem::rename(f1, f0);
+  std::filesystem::rename(dir.file("x"), f1);
+  auto p = params();
+  auto mine = rank_of(p, 0, 2);
+  auto message = test::bad_input_message([&] { load_optimizer_shards(dir.path(), *mine); });
+  EXPECT_THAT(message, HasSubstr(optimizer_shard_file(0, 2) + ": records rank 1 where this file"));
+  // A shard of another layout (a different model) in the right place.
+  auto q = params(/*extra=*/1);
+  auto foreign = rank_of(q, 1, 2);
+  save_state(dir.path(), 2, false);
+  save_optimizer_shard(f1, *foreign);
+  auto second = rank_of(p, 1, 2);
+  message = test::bad_input_message([&] { load_optimizer_shards(dir.path(), *second); });
+  EXPECT_THAT(message, HasSubstr("records layout"));
+}
+
 TEST(OptimizerShards, OnlyShardFileNamesAreAccepted) {
   EXPECT_TRUE(is_optimizer_shard_file("optimizer-shard-00001-of-00002.safetensors"));
   EXPECT_TRUE(is_optimizer_shard_file("optimizer_shards.json"));
