@@ -5,6 +5,7 @@
 // gives an Undefined whose call raises "access to attribute 'append' of 'list' object is
 // unsafe.", so templates that rely on list.append fail here exactly as under transformers.
 #include <algorithm>
+#include <cstdint>
 #include <ctime>
 
 #include "chat_template_internal.h"
@@ -280,7 +281,14 @@ std::string py_format(const std::string& fmt, const CallArgs& args) {
       if (!v) fail("Replacement index " + std::to_string(auto_index) + " out of range for positional args tuple");
       ++auto_index;
     } else if (std::all_of(field.begin(), field.end(), [](char d) { return d >= '0' && d <= '9'; })) {
-      size_t index = std::stoul(field);
+      // Python parses the index as a Py_ssize_t and raises ValueError past it (no raw
+      // std::out_of_range escapes from here).
+      uint64_t index = 0;
+      for (char d : field) {
+        if (index > (static_cast<uint64_t>(INT64_MAX) - static_cast<uint64_t>(d - '0')) / 10)
+          fail("Too many decimal digits in format string");
+        index = index * 10 + static_cast<uint64_t>(d - '0');
+      }
       if (index >= args.positional.size())
         fail("Replacement index " + field + " out of range for positional args tuple");
       v = &args.positional[index];

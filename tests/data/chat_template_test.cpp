@@ -97,6 +97,21 @@ TEST(ChatTemplate, ErrorMessagesFollowJinja2) {
   }
 }
 
+TEST(ChatTemplate, AHugeFormatIndexIsPythonsValueErrorNotARawLibraryError) {
+  // Python 3.11: '{999999999999999999999}'.format() raises ValueError "Too many decimal
+  // digits in format string" (past Py_ssize_t), '{9223372036854775807}'.format() an
+  // IndexError "Replacement index ... out of range"; std::stoul's out_of_range used to
+  // escape as exit 1.
+  auto says = [](const std::string& source, const std::string& text) {
+    const std::string message = error_of([&] { render(source, Json::object()); });
+    EXPECT_NE(message.find(text), std::string::npos) << source << ": " << message;
+  };
+  says("{{ '{999999999999999999999}'.format() }}", "Too many decimal digits in format string");
+  says("{{ '{9223372036854775808}'.format() }}", "Too many decimal digits in format string");
+  says("{{ '{9223372036854775807}'.format() }}",
+       "Replacement index 9223372036854775807 out of range for positional args tuple");
+}
+
 TEST(ChatTemplate, SyntaxErrorNamesWhereLineAndColumn) {
   std::string message = error_of([] { ChatTemplate::parse("ok\n{{ 1 + }}", kWhere); });
   EXPECT_NE(message.find(kWhere), std::string::npos) << message;
