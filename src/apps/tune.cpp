@@ -293,14 +293,15 @@ TuneResult run_tune(const TuneOptions& o, std::FILE* progress) {
                                "the trained model out of its basin (bench natural, docs/natural.md)");
     warm = std::to_string(warm_floor);
   }
-  result.recommendation = {"clip.max_norm=" + num(clip, "%.6g"), "schedule.warmup_ratio=0",
-                           "schedule.warmup_steps=" + warm, "optim.lr=" + num(final_lr, "%.6g"),
-                           "optim.lr_scaling=none", "batch.global_batch=" + std::to_string(batch)};
-  if (base.schedule.epochs > 0) {
-    // The run's length comes from the data: the warmup stays a share of it.
-    result.recommendation[1] = "schedule.warmup_ratio=" + num(warmup, "%.6g");
-    result.recommendation.erase(result.recommendation.begin() + 2);
-  }
+  // With schedule.epochs the run's length comes from the data: the warmup stays a share
+  // of it. Otherwise it is a step count, and a ratio the config may hold is switched off.
+  const std::vector<std::string> warmup_keys =
+      base.schedule.epochs > 0 ? std::vector<std::string>{"schedule.warmup_ratio=" + num(warmup, "%.6g")}
+                               : std::vector<std::string>{"schedule.warmup_ratio=0", "schedule.warmup_steps=" + warm};
+  result.recommendation = {"clip.max_norm=" + num(clip, "%.6g")};
+  result.recommendation.insert(result.recommendation.end(), warmup_keys.begin(), warmup_keys.end());
+  result.recommendation.insert(result.recommendation.end(), {"optim.lr=" + num(final_lr, "%.6g"), "optim.lr_scaling=none",
+                                                             "batch.global_batch=" + std::to_string(batch)});
   if (needs_strategy) result.recommendation.insert(result.recommendation.begin(), "clip.strategy=global");
   std::vector<std::string> all = o.overrides;
   all.insert(all.end(), result.recommendation.begin(), result.recommendation.end());

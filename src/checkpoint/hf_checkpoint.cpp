@@ -8,6 +8,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <system_error>
 
 #include <torch/torch.h>
@@ -22,26 +23,38 @@ namespace gradguard::checkpoint {
 
 namespace {
 
-// Every tensor of a (possibly sharded) HF directory, with the file each came from.
-// The shapes of every tensor of a model directory's weights, from their headers alone
-// (the files are memory-mapped, so only the header pages are read, whatever the size).
-std::map<std::string, std::vector<int64_t>> weight_shapes(const std::string& dir, std::string* source) {
-  std::vector<std::string> files;
+// Where a model directory's weights are: model.safetensors (an empty map), or the shard
+// file of every tensor that model.safetensors.index.json lists (tensor -> file name).
+// *source is the file that says so, for messages.
+std::map<std::string, std::string> shard_files(const std::string& dir, std::string* source) {
   const std::string single = dir + "/model.safetensors";
   const std::string index_path = dir + "/model.safetensors.index.json";
   if (fs::exists(single) || !fs::exists(index_path)) {
     *source = single;
-    files.push_back(single);
-  } else {
-    *source = index_path;
-    const nlohmann::json index = read_json_file(index_path);
-    std::set<std::string> names;
-    if (index.contains("weight_map") && index["weight_map"].is_object())
-      for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it)
-        if (it.value().is_string() && it.value().get<std::string>().find('/') == std::string::npos)
-          names.insert(it.value().get<std::string>());
-    for (const auto& n : names) files.push_back(dir + "/" + n);
+    return {};
   }
+  *source = index_path;
+  const nlohmann::json index = read_json_file(index_path);
+  if (!index.contains("weight_map") || !index["weight_map"].is_object())
+    throw bad_input(index_path, "has no \"weight_map\" object");
+  std::map<std::string, std::string> file_of;
+  for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
+    if (!it.value().is_string()) throw bad_input(index_path, "weight_map entry '" + it.key() + "' is not a file name");
+    const std::string file = it.value().get<std::string>();
+    if (file.empty() || file.find('/') != std::string::npos || file == "..")
+      throw bad_input(index_path, "weight_map entry '" + it.key() + "' names '" + file + "', not a file in " + dir);
+    file_of[it.key()] = file;
+  }
+  return file_of;
+}
+
+// The shapes of every tensor of a model directory's weights, from their headers alone
+// (the files are memory-mapped, so only the header pages are read, whatever the size).
+std::map<std::string, std::vector<int64_t>> weight_shapes(const std::string& dir, std::string* source) {
+  const auto file_of = shard_files(dir, source);
+  std::set<std::string> files;
+  if (file_of.empty()) files.insert(*source);
+  for (const auto& [name, file] : file_of) files.insert(dir + "/" + file);
   std::map<std::string, std::vector<int64_t>> shapes;
   for (const auto& f : files) {
     if (!fs::exists(f)) continue;  // the full load names what is missing
@@ -51,31 +64,10 @@ std::map<std::string, std::vector<int64_t>> weight_shapes(const std::string& dir
   return shapes;
 }
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
+// Every tensor of a (possibly sharded) HF directory.
 std::map<std::string, at::Tensor> load_all_tensors(const std::string& dir, std::string* source) {
-  const std::string single = dir + "/model.safetensors";
-  const std::string index_path = dir + "/model.safetensors.index.json";
-  if (fs::exists(single) || !fs::exists(index_path)) {
-    *source = single;
-    return load_safetensors(single).tensors;
-  }
-  *source = index_path;
-  const nlohmann::json index = read_json_file(index_path);
-  if (!index.contains("weight_map") || !index["weight_map"].is_object())
-    throw bad_input(index_path, "has no \"weight_map\" object");
-  std::map<std::string, std::string> file_of;  // tensor -> shard file
-  for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
-    if (!it.value().is_string()) throw bad_input(index_path, "weight_map entry '" + it.key() + "' is not a file name");
-    const std::string file = it.value().get<std::string>();
-    if (file.empty() || file.find('/') != std::string::npos || file == "..")
-      throw bad_input(index_path, "weight_map entry '" + it.key() + "' names '" + file + "', not a file in " + dir);
-    file_of[it.key()] = file;
-  }
+  const auto file_of = shard_files(dir, source);
+  if (file_of.empty()) return load_safetensors(*source).tensors;
   std::map<std::string, at::Tensor> all;
   std::map<std::string, SafetensorsContents> shards;  // file -> contents
   for (const auto& [name, file] : file_of) {
@@ -83,7 +75,7 @@ std::map<std::string, at::Tensor> load_all_tensors(const std::string& dir, std::
     auto& tensors = shards.at(file).tensors;
     auto t = tensors.find(name);
     if (t == tensors.end())
-      throw bad_input(dir + "/" + file, "does not hold tensor '" + name + "' that " + index_path + " places there");
+      throw bad_input(dir + "/" + file, "does not hold tensor '" + name + "' that " + *source + " places there");
     all.emplace(name, t->second);
   }
   return all;
@@ -198,9 +190,12 @@ void check_weights_fit_config(const std::string& dir, const model::LlamaOptions&
     return bad_input(source, what + ": the weights belong to another model than " + dir +
                                  "/config.json describes (refused before the model was allocated)");
   };
-  if (it != shapes.end() && it->second != embed)
-    throw another("holds model.embed_tokens.weight of shape " + shape_text(it->second) + ", config.json's "
-                  "vocab_size x hidden_size is " + shape_text(embed));
+  if (it != shapes.end() && it->second != embed) {
+    std::ostringstream msg;  // shapes printed as LibTorch prints sizes, as load_hf_weights does
+    msg << "holds model.embed_tokens.weight of shape " << at::IntArrayRef(it->second)
+        << ", config.json's vocab_size x hidden_size is " << at::IntArrayRef(embed);
+    throw another(msg.str());
+  }
   int64_t layers = 0;
   for (const auto& [name, shape] : shapes) {
     (void)shape;

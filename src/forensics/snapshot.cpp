@@ -170,12 +170,10 @@ guard::SnapshotResult SnapshotWriter::operator()(const guard::GuardedStep& guard
     // that reference and the batch instead, and replay re-executes the run to this step.
     nlohmann::json reference = reference_ ? reference_(out.step) : nlohmann::json();
     if (reference.is_null()) return result;
-    SnapshotData small;
-    small.inputs = d.inputs, small.targets = d.targets, small.sample_index = d.sample_index;
-    std::string reason;
-    if (!budget_.allow(out.step, force, small.estimated_bytes(), &reason)) return result;
     d.weights.clear(), d.optimizer_state.clear(), d.gradients.clear(), d.optimizer_metadata.clear();
     d.write_model = nullptr;
+    std::string reason;  // the skip stays reported as the full snapshot's
+    if (!budget_.allow(out.step, force, d.estimated_bytes(), &reason)) return result;
     reference["full_bytes"] = bytes;
     d.reference = std::move(reference);
     bytes = d.estimated_bytes();

@@ -62,9 +62,9 @@ struct Trainer::State {
   std::vector<std::string> resume_notes;  // what the resume did, for the progress display
   std::string length_note;                // how schedule.epochs became total_steps, for the header
   // The newest checkpoint this run saved or resumed from (step, directory); step -1 =
-  // none yet. A reference snapshot names it (forensics/snapshot.h).
+  // none yet, which a resumed run never is. A reference snapshot names it
+  // (forensics/snapshot.h).
   std::pair<int64_t, std::string> last_checkpoint{-1, ""};
-  bool resumed = false;
   // Trainer::run_until: the last step to run (-1 = all) and what sees the model before it.
   int64_t last_step = -1;
   std::function<void(model::LlamaForCausalLMImpl&)> before_last;

@@ -202,7 +202,6 @@ Trainer::Trainer(config::Config config, std::FILE* out, const std::string& resum
           // Where a replay of this step starts: the newest checkpoint (the step's state
           // follows from it deterministically), or the run's own start.
           const auto& [from, dir] = st->last_checkpoint;
-          if (from < 0 && st->resumed) return nlohmann::json();
           return nlohmann::json{{"checkpoint", from < 0 ? std::string() : "checkpoints/" + stdfs::path(dir).filename().string()},
                                 {"from_step", std::max<int64_t>(from, 0)},
                                 {"world_size", st->env.world_size}};
@@ -252,7 +251,6 @@ Trainer::Trainer(config::Config config, std::FILE* out, const std::string& resum
                                                     std::to_string(c.schedule.total_steps));
       s_->complete = s_->start_step == c.schedule.total_steps;
       s_->resume_notes.push_back("resumed from " + resume_dir + " (step " + std::to_string(s_->start_step) + ")");
-      s_->resumed = true;
       s_->last_checkpoint = {s_->start_step, resume_dir};
       // A complete run is left exactly as it is.
       if (s_->main_rank() && !s_->complete) {
