@@ -212,13 +212,6 @@ void check_weights_fit_config(const std::string& dir, const model::LlamaOptions&
                   std::to_string(o.num_layers));
 }
 
-model::LlamaOptions read_hf_config(const std::string& dir, const model::LlamaOptions& base) {
-  const std::string path = dir + "/config.json";
-  auto o = options_from_hf_config(read_json_file(path), path, base);
-  o.init_from = dir;
-  return o;
-}
-
 void load_hf_weights(const std::string& dir, model::LlamaForCausalLMImpl& model) {
   std::string path;
   SafetensorsContents contents;

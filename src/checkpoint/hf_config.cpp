@@ -375,4 +375,11 @@ nlohmann::ordered_json hf_config_from_options(const LlamaOptions& o, const nlohm
   return out;
 }
 
+model::LlamaOptions read_hf_config(const std::string& dir, const model::LlamaOptions& base) {
+  const std::string path = dir + "/config.json";
+  auto o = options_from_hf_config(read_json_file(path), path, base);
+  o.init_from = dir;
+  return o;
+}
+
 }  // namespace gradguard::checkpoint

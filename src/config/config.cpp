@@ -17,7 +17,7 @@
 #include <sstream>
 #include <variant>
 
-#include "gradguard/checkpoint/hf_checkpoint.h"
+#include "gradguard/checkpoint/hf_config.h"
 #include "gradguard/core/error.h"
 #include "gradguard/core/fs.h"
 

@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "gradguard/checkpoint/hf_config.h"
 #include "gradguard/model/llama.h"
 
 namespace gradguard::checkpoint {
@@ -51,12 +52,6 @@ model::LoraOptions read_lora_config(const std::string& dir);
 // A whole model from a directory: read_hf_config(dir, base), the adapters of lora.json
 // when there is one (model::add_lora), then load_hf_weights. What export and replay load.
 model::LlamaForCausalLM load_hf_model(const std::string& dir, const model::LlamaOptions& base);
-
-// Reads <dir>/config.json into model options: the architecture keys (hf_config.h), and
-// init_from = dir (the options describe the model stored there); the rest of `base` is
-// kept. Throws gradguard::Error (bad input) naming config.json and the key when a key is
-// missing, has the wrong type, describes an unsupported model or is unknown.
-model::LlamaOptions read_hf_config(const std::string& dir, const model::LlamaOptions& base);
 
 // Compares the shapes in the weights' headers (model.safetensors or its shards; only the
 // headers are read) with the model `o` describes: the embedding's [vocab_size,

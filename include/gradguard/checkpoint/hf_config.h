@@ -34,4 +34,10 @@ model::LlamaOptions options_from_hf_config(const nlohmann::json& cfg, const std:
 nlohmann::ordered_json hf_config_from_options(const model::LlamaOptions& o, const nlohmann::ordered_json& source,
                                               const std::string& dtype);
 
+// Reads <dir>/config.json into model options: the architecture keys (options_from_hf_config), and
+// init_from = dir (the options describe the model stored there); the rest of `base` is
+// kept. Throws gradguard::Error (bad input) naming config.json and the key when a key is
+// missing, has the wrong type, describes an unsupported model or is unknown.
+model::LlamaOptions read_hf_config(const std::string& dir, const model::LlamaOptions& base);
+
 }  // namespace gradguard::checkpoint
