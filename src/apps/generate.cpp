@@ -15,8 +15,8 @@
 #include "gradguard/core/error.h"
 #include "gradguard/core/fs.h"
 #include "gradguard/core/json_read.h"
-#include "gradguard/data/chat_template.h"
-#include "gradguard/data/tokenizer.h"
+#include "gradguard/data/chat_template/chat_template.h"
+#include "gradguard/data/tokenizer/tokenizer.h"
 
 namespace gradguard::generate {
 namespace {

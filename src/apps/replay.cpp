@@ -230,7 +230,7 @@ void replay_from_reference(const std::string& dir, const Reference& ref, const c
   config::Config c = cfg;
   c.run.dir = scratch.path, c.run.name = "replay", c.run.overwrite = true;
   c.run.device = options.device;
-  c.log.progress = train::ProgressMode::kQuiet;
+  c.log.progress = config::ProgressMode::kQuiet;
   c.log.report = false, c.log.tensorboard = false;
   c.telemetry.enabled = false;
   c.guard.snapshot.enabled = false;  // the step's evidence is the snapshot being replayed

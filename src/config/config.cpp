@@ -503,7 +503,7 @@ void Config::finalize(int64_t world_size) {
   if (data.seq_len > model.max_seq_len)
     throw bad_input("data.seq_len", "must be <= model.max_seq_len (" + std::to_string(model.max_seq_len) +
                                         "), got " + std::to_string(data.seq_len));
-  // One rule (train/options.h): global_batch 0 is micro_batch x accum_steps x ranks,
+  // One rule (config/run_options.h): global_batch 0 is micro_batch x accum_steps x ranks,
   // decided again whenever the rank count is known; a given global_batch stays fixed and
   // sets accum_steps.
   const int64_t per_step = batch.micro_batch * world_size;

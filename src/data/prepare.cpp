@@ -30,7 +30,7 @@
 #include "gradguard/core/json_read.h"
 #include "gradguard/data/sft.h"
 #include "gradguard/data/token_file.h"
-#include "gradguard/data/tokenizer.h"
+#include "gradguard/data/tokenizer/tokenizer.h"
 
 namespace gradguard::data {
 namespace {

@@ -1,12 +1,13 @@
-// Each cause is a small rule over the evidence gathered at the anomalous step; the
-// rules only read numbers, so the diagnosis of a snapshot can be re-derived and tested
-// from plain inputs.
+// Each cause is a small rule over the evidence gathered at the anomalous step: one
+// function of one signature (CauseRule), listed in kCauseRules. The rules only read
+// numbers, so the diagnosis of a snapshot can be re-derived and tested from plain inputs.
 #include "gradguard/forensics/diagnosis.h"
 
 #include <algorithm>
 #include <cmath>
 #include <ctime>
 #include <numeric>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -75,142 +76,174 @@ LayerEvidence layer_evidence(const std::function<optim::ParamMoments(size_t)>& m
   return e;
 }
 
+namespace {
+
+bool has_kind(const DiagnosisInput& in, guard::AnomalyKind k) {
+  return std::any_of(in.anomalies.begin(), in.anomalies.end(), [&](const guard::Anomaly& a) { return a.kind == k; });
+}
+
+// A cause with evidence, or none when its score stayed 0.
+std::optional<Cause> if_scored(Cause c) {
+  if (c.score > 0) return c;
+  return std::nullopt;
+}
+
+// injected: a fault put there on purpose (guard.inject).
+std::optional<Cause> injected(const DiagnosisInput& in) {
+  if (in.injected.empty()) return std::nullopt;
+  return Cause{"injected", "a fault was injected at this step on purpose", 1.0,
+               {"guard.inject injected '" + in.injected + "' at step " + std::to_string(in.step)},
+               "expected when guard.inject is set; remove it for a real run"};
+}
+
+// data: one micro-batch stands out, or the loss spiked without a gradient explosion.
+std::optional<Cause> unusual_batch(const DiagnosisInput& in) {
+  Cause c{"data", "the batch itself is unusual", 0, {}, "replay the snapshot to name the samples; "
+          "inspect or drop them (gradguard replay SNAPSHOT)"};
+  if (in.micro_losses.size() >= 2) {
+    const auto top = std::max_element(in.micro_losses.begin(), in.micro_losses.end()) - in.micro_losses.begin();
+    std::vector<double> rest;
+    for (size_t i = 0; i < in.micro_losses.size(); ++i)
+      if (static_cast<int64_t>(i) != top) rest.push_back(in.micro_losses[i]);
+    const double m = std::accumulate(rest.begin(), rest.end(), 0.0) / rest.size();
+    double ss = 0;
+    for (double x : rest) ss += (x - m) * (x - m);
+    const double sd = rest.size() > 1 ? std::sqrt(ss / (rest.size() - 1)) : 0;
+    const double z = (in.micro_losses[top] - m) / std::max(sd, 0.01 * std::abs(m));
+    if (z > 3) {
+      c.score = std::min(0.9, 0.5 + 0.05 * z);
+      c.evidence.push_back("micro-batch " + std::to_string(top) + " has loss " + fmt(in.micro_losses[top]) +
+                           " against " + fmt(m) + " for the others (z-score " + fmt(z) + ")");
+    }
+  }
+  if (has_kind(in, guard::AnomalyKind::kLossSpike) && std::isfinite(in.grad_norm) && std::isfinite(in.clip_threshold) &&
+      in.grad_norm < in.grad_norm_factor * in.clip_threshold) {
+    c.score = std::max(c.score, 0.4);
+    c.evidence.push_back("the loss spiked (" + fmt(in.loss) + " against a mean of " + fmt(in.loss_mean) +
+                         ") while the gradient norm " + fmt(in.grad_norm) + " stayed below the explosion limit");
+  }
+  return if_scored(std::move(c));
+}
+
+// adam_epsilon: tiny second moments amplify this gradient into a huge update.
+std::optional<Cause> adam_epsilon(const DiagnosisInput& in) {
+  Cause c{"adam_epsilon", "tiny Adam second moments amplify this gradient into a huge update", 0, {},
+          "raise optim.eps (e.g. 1e-6), lower the learning rate of the layers named, or keep clipping on"};
+  for (const auto& l : in.layers) {
+    if (!std::isfinite(l.update_rms)) continue;
+    const double amplification = l.previous_update_rms > 0 ? l.update_rms / l.previous_update_rms : 0;
+    if (l.tiny_v_fraction > 0.2 || amplification > 3) {
+      c.score = std::max(c.score, std::min(0.85, 0.4 + 0.5 * l.tiny_v_fraction + 0.05 * amplification));
+      c.evidence.push_back(l.layer + ": " + fmt(100 * l.tiny_v_fraction) + "% of elements have sqrt(v_hat) < 10 eps; "
+                           "this step's update RMS would be " + fmt(l.update_rms) + " (x lr) against " +
+                           fmt(l.previous_update_rms) + " before (" + fmt(amplification) + "x)");
+    }
+  }
+  return if_scored(std::move(c));
+}
+
+// loss_scale: the dynamic fp16 scale is stuck, or grew just before the overflows.
+std::optional<Cause> loss_scale(const DiagnosisInput& in) {
+  if (in.scaler_mode != amp::ScalerMode::kDynamic) return std::nullopt;
+  Cause c{"loss_scale", "the fp16 loss scale is at odds with the gradients' range", 0, {},
+          "lower amp.scaler.max_scale or raise amp.scaler.growth_interval; if overflows persist at the floor, "
+          "train in bf16"};
+  if (has_kind(in, guard::AnomalyKind::kLossScaleStuck)) {
+    c.score = 0.9;
+    c.evidence.push_back("gradients overflow even at the minimum loss scale " + fmt(in.loss_scale));
+  }
+  if ((has_kind(in, guard::AnomalyKind::kBackoffStorm) || has_kind(in, guard::AnomalyKind::kSkipStreak) ||
+       has_kind(in, guard::AnomalyKind::kNonfinite)) &&
+      in.last_scale_growth >= 0 && in.step - in.last_scale_growth <= 20) {
+    c.score = std::max(c.score, 0.6);
+    c.evidence.push_back("the loss scale grew at step " + std::to_string(in.last_scale_growth) + ", " +
+                         std::to_string(in.step - in.last_scale_growth) + " steps before the overflows");
+  }
+  return if_scored(std::move(c));
+}
+
+// numerics: non-finite values that the detector located in a layer (not injected ones).
+std::optional<Cause> numerics(const DiagnosisInput& in) {
+  if (!in.injected.empty()) return std::nullopt;
+  for (const auto& a : in.anomalies) {
+    if (a.kind != guard::AnomalyKind::kNonfinite || a.layers.empty()) continue;
+    return Cause{"numerics", "non-finite values inside " + a.layers.front(), 0.6,
+                 {"first non-finite layer: " + a.layers.front() + " (" + std::to_string(a.layers.size()) +
+                  " layer(s) affected); " + a.message},
+                 "check that layer's activations (attention logits, norms) in a replay; consider bf16 or "
+                 "a smaller learning rate"};
+  }
+  return std::nullopt;
+}
+
+// learning_rate: at the peak right after warmup, or the gradient norm climbing.
+std::optional<Cause> learning_rate(const DiagnosisInput& in) {
+  Cause c{"learning_rate", "the learning rate is too high for this point of training", 0, {},
+          "lower optim.lr, lengthen schedule.warmup_steps, or tighten clip.max_norm"};
+  if (in.peak_lr > 0 && in.lr >= 0.9 * in.peak_lr && in.step >= in.warmup_steps &&
+      in.step <= 2 * std::max<int64_t>(in.warmup_steps, 1) + 20) {
+    c.score = 0.3;
+    c.evidence.push_back("lr " + fmt(in.lr) + " is at its peak and warmup ended at step " +
+                         std::to_string(in.warmup_steps));
+  }
+  const auto& g = in.recent_grad_norms;
+  if (g.size() >= 10) {
+    const size_t h = g.size() / 2;
+    const double early = median(std::vector<double>(g.begin(), g.begin() + h));
+    const double late = median(std::vector<double>(g.begin() + h, g.end()));
+    if (early > 0 && late / early > 2) {
+      c.score = std::max(c.score, 0.3) + 0.2;
+      c.evidence.push_back("the gradient norm climbed from a median of " + fmt(early) + " to " + fmt(late) +
+                           " over the last " + std::to_string(g.size()) + " steps");
+    }
+  }
+  return if_scored(std::move(c));
+}
+
+// hardware: a hot or throttled GPU in the telemetry, or a step far slower than usual.
+std::optional<Cause> hardware(const DiagnosisInput& in) {
+  Cause c{"hardware", "the hardware was under stress", 0, {},
+          "check cooling and power limits (gradguard doctor); replay the snapshot on another device"};
+  for (const auto& s : in.telemetry) {
+    for (const auto& gpu : s.gpus) {
+      if (std::isfinite(gpu.temperature_c) && gpu.temperature_c >= 85) {
+        c.score = std::max(c.score, 0.5);
+        c.evidence.push_back("GPU " + std::to_string(gpu.index) + " at " + fmt(gpu.temperature_c) + " C");
+        break;
+      }
+      if (gpu.throttle_reasons != 0) {
+        c.score = std::max(c.score, 0.4);
+        std::ostringstream reasons;
+        reasons << std::hex << gpu.throttle_reasons;
+        c.evidence.push_back("GPU " + std::to_string(gpu.index) + " clocks throttled (reasons 0x" + reasons.str() + ")");
+        break;
+      }
+    }
+    if (c.evidence.size() >= 3) break;
+  }
+  if (in.recent_step_seconds.size() >= 5) {
+    std::vector<double> before(in.recent_step_seconds.begin(), in.recent_step_seconds.end() - 1);
+    const double med = median(before), now = in.recent_step_seconds.back();
+    if (med > 0 && now > 3 * med) {
+      c.score = std::max(c.score, 0.3);
+      c.evidence.push_back("this step took " + fmt(now) + " s against a median of " + fmt(med) + " s");
+    }
+  }
+  return if_scored(std::move(c));
+}
+
+// The rules; their causes are ranked by score (ties keep this order). A new cause is one
+// more function and one more entry here.
+using CauseRule = std::optional<Cause> (*)(const DiagnosisInput&);
+constexpr CauseRule kCauseRules[] = {injected,     unusual_batch, adam_epsilon, loss_scale,
+                                     numerics,     learning_rate, hardware};
+
+}  // namespace
+
 Diagnosis diagnose(const DiagnosisInput& in) {
   std::vector<Cause> causes;
-  auto has_kind = [&](guard::AnomalyKind k) {
-    return std::any_of(in.anomalies.begin(), in.anomalies.end(), [&](const guard::Anomaly& a) { return a.kind == k; });
-  };
-
-  if (!in.injected.empty())
-    causes.push_back({"injected", "a fault was injected at this step on purpose", 1.0,
-                      {"guard.inject injected '" + in.injected + "' at step " + std::to_string(in.step)},
-                      "expected when guard.inject is set; remove it for a real run"});
-
-  {  // data: one micro-batch stands out, or the loss spiked without a gradient explosion
-    Cause c{"data", "the batch itself is unusual", 0, {}, "replay the snapshot to name the samples; "
-            "inspect or drop them (gradguard replay SNAPSHOT)"};
-    if (in.micro_losses.size() >= 2) {
-      const auto top = std::max_element(in.micro_losses.begin(), in.micro_losses.end()) - in.micro_losses.begin();
-      std::vector<double> rest;
-      for (size_t i = 0; i < in.micro_losses.size(); ++i)
-        if (static_cast<int64_t>(i) != top) rest.push_back(in.micro_losses[i]);
-      const double m = std::accumulate(rest.begin(), rest.end(), 0.0) / rest.size();
-      double ss = 0;
-      for (double x : rest) ss += (x - m) * (x - m);
-      const double sd = rest.size() > 1 ? std::sqrt(ss / (rest.size() - 1)) : 0;
-      const double z = (in.micro_losses[top] - m) / std::max(sd, 0.01 * std::abs(m));
-      if (z > 3) {
-        c.score = std::min(0.9, 0.5 + 0.05 * z);
-        c.evidence.push_back("micro-batch " + std::to_string(top) + " has loss " + fmt(in.micro_losses[top]) +
-                             " against " + fmt(m) + " for the others (z-score " + fmt(z) + ")");
-      }
-    }
-    if (has_kind(guard::AnomalyKind::kLossSpike) && std::isfinite(in.grad_norm) && std::isfinite(in.clip_threshold) &&
-        in.grad_norm < in.grad_norm_factor * in.clip_threshold) {
-      c.score = std::max(c.score, 0.4);
-      c.evidence.push_back("the loss spiked (" + fmt(in.loss) + " against a mean of " + fmt(in.loss_mean) +
-                           ") while the gradient norm " + fmt(in.grad_norm) + " stayed below the explosion limit");
-    }
-    if (c.score > 0) causes.push_back(c);
-  }
-
-  {  // adam_epsilon
-    Cause c{"adam_epsilon", "tiny Adam second moments amplify this gradient into a huge update", 0, {},
-            "raise optim.eps (e.g. 1e-6), lower the learning rate of the layers named, or keep clipping on"};
-    for (const auto& l : in.layers) {
-      if (!std::isfinite(l.update_rms)) continue;
-      const double amplification = l.previous_update_rms > 0 ? l.update_rms / l.previous_update_rms : 0;
-      if (l.tiny_v_fraction > 0.2 || amplification > 3) {
-        c.score = std::max(c.score, std::min(0.85, 0.4 + 0.5 * l.tiny_v_fraction + 0.05 * amplification));
-        c.evidence.push_back(l.layer + ": " + fmt(100 * l.tiny_v_fraction) + "% of elements have sqrt(v_hat) < 10 eps; "
-                             "this step's update RMS would be " + fmt(l.update_rms) + " (x lr) against " +
-                             fmt(l.previous_update_rms) + " before (" + fmt(amplification) + "x)");
-      }
-    }
-    if (c.score > 0) causes.push_back(c);
-  }
-
-  if (in.scaler_mode == amp::ScalerMode::kDynamic) {
-    Cause c{"loss_scale", "the fp16 loss scale is at odds with the gradients' range", 0, {},
-            "lower amp.scaler.max_scale or raise amp.scaler.growth_interval; if overflows persist at the floor, "
-            "train in bf16"};
-    if (has_kind(guard::AnomalyKind::kLossScaleStuck)) {
-      c.score = 0.9;
-      c.evidence.push_back("gradients overflow even at the minimum loss scale " + fmt(in.loss_scale));
-    }
-    if ((has_kind(guard::AnomalyKind::kBackoffStorm) || has_kind(guard::AnomalyKind::kSkipStreak) || has_kind(guard::AnomalyKind::kNonfinite)) && in.last_scale_growth >= 0 &&
-        in.step - in.last_scale_growth <= 20) {
-      c.score = std::max(c.score, 0.6);
-      c.evidence.push_back("the loss scale grew at step " + std::to_string(in.last_scale_growth) + ", " +
-                           std::to_string(in.step - in.last_scale_growth) + " steps before the overflows");
-    }
-    if (c.score > 0) causes.push_back(c);
-  }
-
-  for (const auto& a : in.anomalies) {
-    if (a.kind != guard::AnomalyKind::kNonfinite || a.layers.empty() || !in.injected.empty()) continue;
-    causes.push_back({"numerics", "non-finite values inside " + a.layers.front(), 0.6,
-                      {"first non-finite layer: " + a.layers.front() + " (" + std::to_string(a.layers.size()) +
-                       " layer(s) affected); " + a.message},
-                      "check that layer's activations (attention logits, norms) in a replay; consider bf16 or "
-                      "a smaller learning rate"});
-    break;
-  }
-
-  {  // learning_rate
-    Cause c{"learning_rate", "the learning rate is too high for this point of training", 0, {},
-            "lower optim.lr, lengthen schedule.warmup_steps, or tighten clip.max_norm"};
-    if (in.peak_lr > 0 && in.lr >= 0.9 * in.peak_lr && in.step >= in.warmup_steps &&
-        in.step <= 2 * std::max<int64_t>(in.warmup_steps, 1) + 20) {
-      c.score = 0.3;
-      c.evidence.push_back("lr " + fmt(in.lr) + " is at its peak and warmup ended at step " +
-                           std::to_string(in.warmup_steps));
-    }
-    const auto& g = in.recent_grad_norms;
-    if (g.size() >= 10) {
-      const size_t h = g.size() / 2;
-      const double early = median(std::vector<double>(g.begin(), g.begin() + h));
-      const double late = median(std::vector<double>(g.begin() + h, g.end()));
-      if (early > 0 && late / early > 2) {
-        c.score = std::max(c.score, 0.3) + 0.2;
-        c.evidence.push_back("the gradient norm climbed from a median of " + fmt(early) + " to " + fmt(late) +
-                             " over the last " + std::to_string(g.size()) + " steps");
-      }
-    }
-    if (c.score > 0) causes.push_back(c);
-  }
-
-  {  // hardware
-    Cause c{"hardware", "the hardware was under stress", 0, {},
-            "check cooling and power limits (gradguard doctor); replay the snapshot on another device"};
-    for (const auto& s : in.telemetry) {
-      for (const auto& gpu : s.gpus) {
-        if (std::isfinite(gpu.temperature_c) && gpu.temperature_c >= 85) {
-          c.score = std::max(c.score, 0.5);
-          c.evidence.push_back("GPU " + std::to_string(gpu.index) + " at " + fmt(gpu.temperature_c) + " C");
-          break;
-        }
-        if (gpu.throttle_reasons != 0) {
-          c.score = std::max(c.score, 0.4);
-          c.evidence.push_back("GPU " + std::to_string(gpu.index) + " clocks throttled (reasons 0x" +
-                               [&] { std::ostringstream o; o << std::hex << gpu.throttle_reasons; return o.str(); }() +
-                               ")");
-          break;
-        }
-      }
-      if (c.evidence.size() >= 3) break;
-    }
-    if (in.recent_step_seconds.size() >= 5) {
-      std::vector<double> before(in.recent_step_seconds.begin(), in.recent_step_seconds.end() - 1);
-      const double med = median(before), now = in.recent_step_seconds.back();
-      if (med > 0 && now > 3 * med) {
-        c.score = std::max(c.score, 0.3);
-        c.evidence.push_back("this step took " + fmt(now) + " s against a median of " + fmt(med) + " s");
-      }
-    }
-    if (c.score > 0) causes.push_back(c);
-  }
-
+  for (const CauseRule rule : kCauseRules)
+    if (auto c = rule(in)) causes.push_back(std::move(*c));
   if (causes.empty())
     causes.push_back({"unknown", "no rule matched", 0.1, {"none of the rules found supporting evidence"},
                       "replay the snapshot: if it does not reproduce, suspect non-determinism or a hardware fault"});

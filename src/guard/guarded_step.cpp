@@ -11,6 +11,7 @@
 
 #include "gradguard/core/error.h"
 #include "gradguard/core/json_read.h"
+#include "gradguard/guard/side_layout.h"
 
 namespace gradguard::guard {
 namespace {
@@ -66,33 +67,37 @@ StepOutcome GuardedStep::step(int64_t step, const StepInputs& in) {
   out.injected = in.injected;
   out.loss_scale = scaler_.scale();
 
-  // Side values in one float tensor [loss | micro losses | noise norm | stop request |
-  // z-loss], each present when given, read back with the gradient norms.
-  const int64_t n_micro = in.micro_losses.defined() ? in.micro_losses.numel() : 0;
+  // The side values in one float tensor (side_layout.h), each slot present when given,
+  // read back with the gradient norms.
+  using Slot = SideLayout::Slot;
   const bool noise_sample = in.noise_sq_norm.defined() && options_.guard.noise_scale.every > 0;
-  const bool stop_slot = in.stop_request.defined();
-  const bool z_slot = in.z_loss.defined();
+  SideLayout layout;
+  layout.set(Slot::kLoss, 1)
+      .set(Slot::kMicroLosses, in.micro_losses.defined() ? in.micro_losses.numel() : 0)
+      .set(Slot::kNoiseSqNorm, noise_sample ? 1 : 0)
+      .set(Slot::kStopRequest, in.stop_request.defined() ? 1 : 0)
+      .set(Slot::kZLoss, in.z_loss.defined() ? 1 : 0);
   at::Tensor side;
   {
     torch::NoGradGuard no_grad;
-    auto scalar = [&](const at::Tensor& t) { return t.detach().to(in.loss.device()).to(torch::kFloat).reshape({-1}); };
-    std::vector<at::Tensor> parts = {scalar(in.loss)};
-    if (n_micro > 0) parts.push_back(scalar(in.micro_losses));
-    if (noise_sample) parts.push_back(scalar(in.noise_sq_norm));
-    if (stop_slot) parts.push_back(scalar(in.stop_request));
-    if (z_slot) parts.push_back(scalar(in.z_loss));
-    side = torch::cat(parts);
+    side = layout.zeros(in.loss.device());
+    auto put = [&](Slot slot, const at::Tensor& t) {
+      if (layout.has(slot)) layout.of(side, slot).copy_(t.detach().reshape({-1}));
+    };
+    put(Slot::kLoss, in.loss);
+    put(Slot::kMicroLosses, in.micro_losses);
+    put(Slot::kNoiseSqNorm, in.noise_sq_norm);
+    put(Slot::kStopRequest, in.stop_request);
+    put(Slot::kZLoss, in.z_loss);
   }
   out.stats = stats_.sharded()  // the one host read (with sharded gradients after their one collective)
                   ? stats_.compute(scaler_.inv_scale(), side, {}, clipper_.row_clip())
                   : stats_.compute(scaler_.inv_scale(), side, clipper_.device_hook());
   const auto& values = out.stats.side;
-  out.loss = values.at(0);
-  out.micro_losses.assign(values.begin() + 1, values.begin() + 1 + n_micro);
-  const size_t noise_at = 1 + static_cast<size_t>(n_micro);
-  const size_t stop_at = noise_at + (noise_sample ? 1 : 0);
-  if (stop_slot) out.stop_requested = values.at(stop_at) > 0;
-  if (z_slot) out.z_loss = values.at(stop_at + (stop_slot ? 1 : 0));
+  out.loss = layout.value(values, Slot::kLoss);
+  out.micro_losses = layout.values(values, Slot::kMicroLosses);
+  if (layout.has(Slot::kStopRequest)) out.stop_requested = layout.value(values, Slot::kStopRequest) > 0;
+  if (layout.has(Slot::kZLoss)) out.z_loss = layout.value(values, Slot::kZLoss);
 
   out.clip = clipper_.apply(out.stats);
   out.scaler = scaler_.update(out.stats.nonfinite);
@@ -102,7 +107,7 @@ StepOutcome GuardedStep::step(int64_t step, const StepInputs& in) {
     // The sampled gradient is that micro-batch's mean gradient times its token share and
     // the loss scale: undo both.
     const double unscale = 1.0 / (in.noise_share * out.loss_scale);
-    const double small_sq = values.at(noise_at) * unscale * unscale;
+    const double small_sq = layout.value(values, Slot::kNoiseSqNorm) * unscale * unscale;
     out.noise_scale = noise_.update(small_sq, in.noise_micro_batch, out.clip.grad_norm * out.clip.grad_norm,
                                     in.noise_global_batch);
     const auto& ns = options_.guard.noise_scale;

@@ -11,7 +11,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gradguard/config/config.h"
 #include "gradguard/core/json_number.h"
+#include "gradguard/core/threads.h"
+#include "gradguard/data/token_dataset.h"
+#include "gradguard/optim/sharded_optimizer.h"
 
 namespace gradguard::train {
 
@@ -27,11 +31,11 @@ std::string format_duration(double seconds) {
   return buf;
 }
 
-Progress::Progress(ProgressMode mode, int64_t total_steps, int64_t every, std::FILE* out)
+Progress::Progress(config::ProgressMode mode, int64_t total_steps, int64_t every, std::FILE* out)
     : total_(total_steps), every_(every), out_(out) {
-  quiet_ = mode == ProgressMode::kQuiet;
-  json_ = mode == ProgressMode::kJsonl;
-  bar_ = mode == ProgressMode::kBar || (mode == ProgressMode::kAuto && isatty(fileno(out)));
+  quiet_ = mode == config::ProgressMode::kQuiet;
+  json_ = mode == config::ProgressMode::kJsonl;
+  bar_ = mode == config::ProgressMode::kBar || (mode == config::ProgressMode::kAuto && isatty(fileno(out)));
 }
 
 double Progress::eta_seconds(const StepMetrics& m) {
@@ -107,6 +111,77 @@ void Progress::finish() {
   if (bar_open_) std::fprintf(out_, "\n");
   bar_open_ = false;
   std::fflush(out_);
+}
+
+std::vector<std::string> header_lines(const RunHeader& h) {
+  const auto& c = *h.cfg;
+  const auto& threads = *h.threads;
+  const int64_t parameters = h.parameters;
+  char text[512];
+  std::snprintf(text, sizeof text,
+                "gradguard %s | model %lld params (%lld layers x %lld wide) | %lld seq x %lld tokens = %lld tokens/step "
+                "(micro %lld x accum %lld) | threads: %lld ATen, %lld %s | run %s",
+                GRADGUARD_VERSION, (long long)parameters, (long long)c.model.num_layers, (long long)c.model.hidden_size,
+                (long long)c.batch.global_batch, (long long)c.data.seq_len,
+                (long long)(c.batch.global_batch * c.data.seq_len), (long long)c.batch.micro_batch,
+                (long long)c.batch.accum_steps, (long long)threads.intra_op, (long long)threads.blas_threads,
+                threads.blas.c_str(), h.run_dir.c_str());
+  std::vector<std::string> out = {text};
+  if (!h.length_note.empty()) out.push_back(h.length_note);
+  for (const auto& w : c.warnings) out.push_back("warning: " + w);
+  for (const auto& n : h.resume_notes) out.push_back(n);
+  if (!h.telemetry_note.empty()) out.push_back("telemetry: " + h.telemetry_note);
+  for (const auto* d : {h.train, h.val}) {
+    if (d == nullptr || !d->has_samples()) continue;
+    const auto& st = d->sample_stats();
+    char msg[512];
+    std::snprintf(msg, sizeof msg,
+                  "data %s: %lld samples -> %lld rows of %lld tokens (%s), %lld trained targets; %lld truncated to "
+                  "seq_len + 1, %lld dropped as longer (data.overlong), %lld dropped with no trained target",
+                  d->file().path().c_str(), (long long)st.samples, (long long)st.rows, (long long)c.data.seq_len,
+                  c.data.packing ? "packed" : "one per row", (long long)st.trained_targets, (long long)st.truncated,
+                  (long long)st.dropped_long, (long long)st.dropped_untrainable);
+    out.push_back(msg);
+  }
+  if (c.lora.enabled()) {
+    std::string targets;
+    for (auto t : c.lora.targets) targets += (targets.empty() ? "" : ",") + std::string(name_of(t));
+    char msg[256];
+    std::snprintf(msg, sizeof msg, "lora: rank %lld, alpha %s on %s: %lld of %lld parameters train",
+                  (long long)c.lora.rank, format_number(c.lora.alpha).c_str(), targets.c_str(),
+                  (long long)h.trainable, (long long)parameters);
+    out.push_back(msg);
+  }
+  if (auto* sharded = h.sharded) {
+    // What this rank holds of the optimizer state, next to what a replicated AdamW holds.
+    const auto& l = sharded->layout();
+    const int64_t elem = sharded->exp_avg().element_size();
+    const int64_t replicated = l.total * (2 * elem + (sharded->has_masters() ? 4 : 0));
+    auto size = [](int64_t bytes) {
+      char b[32];
+      if (bytes < (int64_t{1} << 20)) std::snprintf(b, sizeof b, "%.1f KiB", bytes / 1024.0);
+      else if (bytes < (int64_t{1} << 30)) std::snprintf(b, sizeof b, "%.1f MiB", bytes / 1048576.0);
+      else std::snprintf(b, sizeof b, "%.2f GiB", bytes / 1073741824.0);
+      return std::string(b);
+    };
+    char msg[320];
+    const std::string where =
+        h.memory.shard_world == 1 ? std::string("whole on each rank")
+        : h.memory.shards_gradients ? "and gradients sharded (ZeRO-2) over " + std::to_string(l.world_size) + " ranks"
+                                 : "sharded (ZeRO-1) over " + std::to_string(l.world_size) + " ranks";
+    std::snprintf(msg, sizeof msg, "memory: %s weights%s, optimizer state %s%s: %s on this rank (%s whole)",
+                  name_of(c.memory.weights_dtype), sharded->has_masters() ? " with fp32 masters" : "", where.c_str(),
+                  c.memory.offload_optimizer ? " in host memory" : "", size(sharded->state_bytes()).c_str(),
+                  size(replicated).c_str());
+    out.push_back(msg);
+  }
+  if (h.peak_lr != c.optim.lr) {
+    char msg[160];
+    std::snprintf(msg, sizeof msg, "optim.lr_scaling %s: peak lr %.3e (optim.lr %.3e at base_batch %lld)",
+                  name_of(c.optim.lr_scaling), h.peak_lr, c.optim.lr, (long long)c.optim.base_batch);
+    out.push_back(msg);
+  }
+  return out;
 }
 
 }  // namespace gradguard::train

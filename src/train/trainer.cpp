@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include "gradguard/core/error.h"
+#include "gradguard/dist/grad_sync.h"
 #include "gradguard/core/stop_signals.h"
 #include "gradguard/optim/optimizer.h"
 #include "trainer_internal.h"
@@ -44,14 +45,14 @@ TrainResult Trainer::run_steps() {
   // Only rank 0 writes the run directory; the others keep recent lines in memory only.
   MetricsWriter metrics(s.main_rank() ? s.run.metrics() : "", static_cast<size_t>(c.guard.snapshot.history),
                         c.log.tensorboard);
-  Progress progress(s.main_rank() ? c.log.progress : ProgressMode::kQuiet, c.schedule.total_steps, c.log.every, s.out);
+  Progress progress(s.main_rank() ? c.log.progress : config::ProgressMode::kQuiet, c.schedule.total_steps, c.log.every, s.out);
   struct Attach {  // the loggers must not outlive this function, exceptions included
     State& s;
     ~Attach() { s.metrics = nullptr, s.progress = nullptr; }
   } attach{s};
   s.metrics = &metrics;
   s.progress = &progress;
-  for (const auto& line : s.header(result.parameters)) progress.line(line);
+  for (const auto& line : header_lines(s.header(result.parameters))) progress.line(line);
   if (s.sampler) s.sampler->start();
   s.model->train();
   if (s.start_step == 0) result.initial_val_loss = s.validate(0);
@@ -59,14 +60,14 @@ TrainResult Trainer::run_steps() {
   StopSignals stop_signals;  // SIGTERM/SIGINT: finish the step, checkpoint, stop (a second one: at once)
   const int64_t tokens_per_step = c.batch.global_batch * c.data.seq_len;
   const auto start = Clock::now();
-  s.furthest_step = s.start_step - 1;
+  s.source->start_at(s.start_step);
   bool until = false;  // stopped at run_until's last step
   for (int64_t step = s.start_step; step < c.schedule.total_steps; ++step) {
     if (step == s.last_step && s.before_last) s.before_last(*s.model);
     const auto step_start = Clock::now();
     const double lr = schedule.lr_at(step) * s.guarded->lr_factor(step);
     optim::set_learning_rate(*s.optimizer, lr);
-    const StepData data = s.next_step_data(step);
+    const StepData data = s.source->next(step);
     const guard::StepInputs inputs = s.accumulate_step(step, data, lr);
     s.current = &data;
     const guard::StepOutcome out = s.guarded->step(step, inputs);  // the one host read
@@ -99,7 +100,7 @@ TrainResult Trainer::run_steps() {
       std::string dir;
       const int64_t to = s.rollback(step, &dir);
       metrics.write(nlohmann::ordered_json{{"step", step}, {"event", "rollback"}, {"checkpoint", dir},
-                                           {"to_step", to}, {"data_offset", s.data_offset}});
+                                           {"to_step", to}, {"data_offset", s.source->offset()}});
       progress.line("step " + std::to_string(step) + ": rolled back to " + dir + "; skipping " +
                     std::to_string(step + 1 - to + c.guard.recovery.rollback_skip_steps) + " steps of data");
       ++result.rollbacks;

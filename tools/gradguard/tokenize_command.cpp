@@ -14,7 +14,7 @@
 #include "gradguard/core/error.h"
 #include "gradguard/core/fs.h"
 #include "gradguard/core/json_read.h"
-#include "gradguard/data/tokenizer.h"
+#include "gradguard/data/tokenizer/tokenizer.h"
 
 namespace gradguard::cli {
 

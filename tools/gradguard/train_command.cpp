@@ -15,27 +15,13 @@
 #include "gradguard/core/fs.h"
 #include "gradguard/core/json_number.h"
 #include "gradguard/train/progress.h"
+#include "gradguard/train/resume_target.h"
 #include "gradguard/train/trainer.h"
 
 namespace gradguard::cli {
 
 namespace {
 namespace stdfs = std::filesystem;
-
-// `--resume auto`: the most recently written run under `runs_dir` that has a checkpoint.
-std::string newest_run(const std::string& runs_dir) {
-  std::string best;
-  stdfs::file_time_type best_time;
-  std::error_code ec;
-  for (const auto& e : stdfs::directory_iterator(runs_dir, ec)) {
-    const RunDir run(e.path().string());
-    if (!stdfs::exists(run.latest_checkpoint_link(), ec)) continue;
-    const auto t = stdfs::last_write_time(run.latest_checkpoint_link(), ec);
-    if (best.empty() || t > best_time) best = e.path().string(), best_time = t;
-  }
-  if (best.empty()) throw bad_input("--resume auto", "no run under '" + runs_dir + "' has a checkpoint");
-  return best;
-}
 
 // report.html of the run so far on rank 0 when log.report is on. A report that cannot
 // be written is a warning: the run itself is what it is, and `gradguard report RUN_DIR`
@@ -107,40 +93,11 @@ void add_train_command(CLI::App& app, Action& action) {
       if (!name->empty()) overrides.push_back("run.name=" + *name);
       if (*quiet) overrides.push_back("log.progress=quiet");
       if (*json) overrides.push_back("log.progress=jsonl");
-      std::string run_dir;
-      std::string config_path = *path;
-      if (*resume == "auto") {
-        // Where runs live and which one is meant: --set, else --config, else the default
-        // (only the run.* keys: the rest belongs to the run's own config.yaml).
-        std::vector<std::string> run_keys;
-        for (const auto& o : overrides)
-          if (o.rfind("run.", 0) == 0) run_keys.push_back(o);
-        const auto base = config::load_config(*path, run_keys);
-        if (base.run.name.empty()) {
-          run_dir = newest_run(base.run.dir);
-        } else {
-          // An explicit run.name means that run: resumed when it has a checkpoint, else
-          // started (again: a start without a checkpoint has nothing to keep).
-          const RunDir named((stdfs::path(base.run.dir) / base.run.name).string());
-          if (stdfs::exists(named.latest_checkpoint_link())) {
-            run_dir = named.root();
-          } else {
-            std::printf("--resume auto: run %s has no checkpoint; starting it\n", named.root().c_str());
-            if (named.holds_run()) overrides.push_back("run.overwrite=true");
-          }
-        }
-      } else if (!resume->empty()) {
-        run_dir = *resume;
-      }
-      if (!run_dir.empty()) {
-        if (!stdfs::is_directory(run_dir)) throw bad_input("--resume " + run_dir, "is not a run directory");
-        if (config_path.empty()) config_path = RunDir(run_dir).config();
-        const stdfs::path p = stdfs::path(run_dir).lexically_normal();
-        overrides.push_back("run.dir=" + (p.has_parent_path() ? p.parent_path().string() : std::string(".")));
-        overrides.push_back("run.name=" + p.filename().string());
-      }
-      auto cfg = config::load_config(config_path, overrides);
-      const bool json_summary = cfg.log.progress == train::ProgressMode::kJsonl;
+      const auto target = train::resolve_resume(*resume, *path, overrides);
+      if (!target.note.empty()) std::printf("%s\n", target.note.c_str());
+      const std::string& run_dir = target.run_dir;
+      auto cfg = config::load_config(target.config_path, target.overrides);
+      const bool json_summary = cfg.log.progress == config::ProgressMode::kJsonl;
       train::Trainer trainer(cfg, stdout, run_dir);
       train::TrainResult r;
       try {

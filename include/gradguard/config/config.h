@@ -17,25 +17,25 @@
 #include "gradguard/optim/optimizer.h"
 #include "gradguard/optim/schedule.h"
 #include "gradguard/telemetry/telemetry.h"
-#include "gradguard/train/options.h"
+#include "gradguard/config/run_options.h"
 
 namespace gradguard::config {
 
 struct Config {
-  train::RunOptions run;
+  RunOptions run;
   model::LlamaOptions model;
   model::LoraOptions lora;
   data::DataOptions data;
-  train::BatchOptions batch;
-  train::LossOptions loss;
+  BatchOptions batch;
+  LossOptions loss;
   optim::OptimOptions optim;
   optim::ScheduleOptions schedule;
   grad::ClipOptions clip;
   amp::AmpOptions amp;
   optim::MemoryOptions memory;
-  train::EvalOptions eval;
-  train::CheckpointOptions checkpoint;
-  train::LogOptions log;
+  EvalOptions eval;
+  CheckpointOptions checkpoint;
+  LogOptions log;
   guard::GuardOptions guard;
   telemetry::TelemetryOptions telemetry;
   dist::DistOptions dist;

@@ -26,8 +26,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "gradguard/data/chat_template.h"
-#include "gradguard/data/tokenizer.h"
+#include "gradguard/data/chat_template/chat_template.h"
+#include "gradguard/data/tokenizer/tokenizer.h"
 
 namespace gradguard::data {
 

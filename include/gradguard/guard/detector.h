@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -71,6 +72,39 @@ struct Verdict {
 // Anomaly as a metrics.jsonl event line: {"step", "event": "anomaly", "kind", "severity", ...numbers, "layers", "message"}.
 nlohmann::ordered_json to_event(int64_t step, const Anomaly& anomaly);
 
+// The detector's memory of recent healthy steps, and the counters its rules keep. One
+// struct, so that state_dict() is one table and each rule sees what it reads.
+struct DetectorWindows {
+  std::deque<double> losses;                  // [last loss_window healthy steps]
+  std::deque<double> norms;                   // [last loss_window healthy steps] global norms
+  std::vector<double> layer_mean, layer_var;  // [layer group] EMA of log norm and its variance
+  std::vector<int64_t> layer_since;           // [layer group] step the layer became an outlier; -1 = normal
+  int64_t layer_count = 0;                    // healthy steps absorbed by the layer EMAs
+  std::deque<int64_t> backoffs;               // steps of recent scaler backoffs (backoff_storm's)
+  int64_t skip_run = 0;                       // skipped steps in a row (skip_streak's)
+  int64_t explode_run = 0;                    // steps in a row above the grad-norm limit (grad_norm's)
+  bool applied_once = false;                  // some update has been applied
+};
+
+// What every rule is told about the step besides the observation: the per-layer scan,
+// which runs first because every critical anomaly names the outlying layers.
+struct RuleContext {
+  const GuardOptions& options;
+  const std::vector<std::string>& layer_names;  // [layer group]
+  int64_t warmup = 0;
+  std::vector<size_t> outliers;              // layer groups out of their normal range, first to jump first
+  std::vector<std::string> outlier_names;    // their names, in that order
+  std::vector<size_t> nonfinite_layers;      // layer groups with a non-finite norm
+  std::vector<double> layer_z;               // [layer group] log-norm z-score (inf when non-finite)
+  size_t found = 0;                          // anomalies the rules before this one found
+};
+
+// A rule: judges one step, may update its own counter in the windows (and nothing else),
+// returns the anomaly it found. observe() runs kDetectorRules in order; a new rule is one
+// more function and one more entry there.
+using DetectorRule = std::optional<Anomaly> (*)(const StepObservation& obs, const RuleContext& ctx,
+                                                DetectorWindows& w);
+
 class AnomalyDetector {
  public:
   // `layer_names` ([layer group]) label the per-layer norms; `warmup` is the resolved
@@ -97,18 +131,13 @@ class AnomalyDetector {
   void load_state_dict(const nlohmann::json& state, const std::string& where = "detector state");
 
  private:
+  RuleContext scan_layers(const StepObservation& obs);  // updates w_.layer_since
+  void absorb(const StepObservation& obs);              // a healthy step into the windows
+
   GuardOptions options_;
   std::vector<std::string> layer_names_;
   int64_t warmup_;
-  std::deque<double> losses_;              // [last loss_window healthy steps]
-  std::deque<double> norms_;               // [last loss_window healthy steps] global norms
-  std::vector<double> layer_mean_, layer_var_;  // [layer group] EMA of log norm and its variance
-  std::vector<int64_t> layer_since_;       // [layer group] step the layer became an outlier; -1 = normal
-  int64_t layer_count_ = 0;                // healthy steps absorbed by the layer EMAs
-  std::deque<int64_t> backoffs_;           // steps of recent scaler backoffs
-  int64_t skip_run_ = 0;                   // skipped steps in a row
-  int64_t explode_run_ = 0;                // steps in a row above the grad-norm limit
-  bool applied_once_ = false;              // some update has been applied
+  DetectorWindows w_;
 };
 
 }  // namespace gradguard::guard

@@ -10,6 +10,17 @@
 
 namespace gradguard::optim {
 
+// What the memory options mean for one rank of a run: MemoryOptions::resolve. The one
+// place memory.zero_stage is interpreted; the trainer, `plan` and the header read this.
+struct MemoryLayout {
+  bool sharded_optimizer = false;  // the ShardedOptimizer holds the state (else make_optimizer's)
+  int64_t shard_rank = 0;          // this rank's place in the optimizer state's split
+  int64_t shard_world = 1;         // ranks the optimizer state is split over; 1 = whole on each
+  bool shards_gradients = false;   // each rank keeps only its shard of the summed gradient (ZeRO-2 on > 1 rank)
+  bool masters = false;            // float32 master weights (bf16/fp16 weights with master_weights, or offload)
+  bool offload = false;            // moments and masters in host memory
+};
+
 // How the weights and the optimizer state are held. The section `memory` of a config.
 struct MemoryOptions {
   int64_t zero_stage = 0;                           // 0 replicated | 1 optimizer state sharded | 2 + gradients
@@ -25,6 +36,8 @@ struct MemoryOptions {
   }
   // Whether the run's optimizer is the ShardedOptimizer (otherwise make_optimizer's).
   bool sharded_optimizer() const { return zero_stage > 0 || keeps_masters(); }
+  // The layout of rank `rank` of `world` ranks.
+  MemoryLayout resolve(int64_t world, int64_t rank) const;
 
   template <class Field>
   void fields(Field&& field) {

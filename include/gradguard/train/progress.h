@@ -11,16 +11,31 @@
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
+#include "gradguard/optim/memory_options.h"
 #include "gradguard/train/metrics.h"
-#include "gradguard/train/options.h"
+#include "gradguard/config/run_options.h"
+
+namespace gradguard::config {
+struct Config;
+}
+namespace gradguard::data {
+class TokenDataset;
+}
+namespace gradguard::optim {
+class ShardedOptimizer;
+}
+namespace gradguard {
+struct ThreadReport;
+}
 
 namespace gradguard::train {
 
 class Progress {
  public:
   // `mode`: log.progress (see LogOptions). Writes to `out`.
-  Progress(ProgressMode mode, int64_t total_steps, int64_t every, std::FILE* out = stdout);
+  Progress(config::ProgressMode mode, int64_t total_steps, int64_t every, std::FILE* out = stdout);
   // `anomalies`: anomaly events so far in this run (shown when > 0).
   void step(const StepMetrics& m, int64_t anomalies = 0);
   void line(const std::string& text);  // a message on its own line
@@ -42,6 +57,25 @@ class Progress {
   double overhead_s_ = 0;       // seconds between steps that were not step time (eval, checkpoints)
   int64_t steps_seen_ = 0;      // steps over which overhead_s_ accrued
 };
+
+// What the opening lines of a run's progress display describe (the trainer fills it).
+struct RunHeader {
+  const config::Config* cfg = nullptr;           // the run's final configuration
+  int64_t parameters = 0;                        // of the whole model
+  int64_t trainable = 0;                         // of those, the ones that train (LoRA)
+  const ThreadReport* threads = nullptr;         // the thread pools in effect
+  std::string run_dir;
+  std::string length_note;                       // how schedule.epochs became total_steps ("" = not used)
+  std::vector<std::string> resume_notes;         // what the resume and the data-parallel setup did
+  std::string telemetry_note;                    // why GPU telemetry is missing ("" = nothing to say)
+  const data::TokenDataset* train = nullptr;     // sample statistics (chat/SFT data)
+  const data::TokenDataset* val = nullptr;
+  optim::ShardedOptimizer* sharded = nullptr;        // the sharded optimizer's state, when memory.* asks for one
+  optim::MemoryLayout memory;                    // how this rank holds the optimizer state and gradients
+  double peak_lr = 0;                            // optim.lr after the batch-size scaling rule
+};
+// The header's lines: the run, its length, warnings, resume notes, data, LoRA, memory, lr.
+std::vector<std::string> header_lines(const RunHeader& h);
 
 // "1:02:03" / "4:05" for a duration in seconds.
 std::string format_duration(double seconds);

@@ -10,8 +10,8 @@
 #include <memory>
 #include <sstream>
 
-#include "data/tokenizer_reference.h"
-#include "gradguard/data/tokenizer.h"
+#include "data/tokenizer/tokenizer_reference.h"
+#include "gradguard/data/tokenizer/tokenizer.h"
 #include "test_util.h"
 
 namespace gradguard::test {

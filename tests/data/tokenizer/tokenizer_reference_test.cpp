@@ -11,8 +11,8 @@
 #include <algorithm>
 #include <fstream>
 
-#include "data/tokenizer_reference.h"
-#include "gradguard/data/tokenizer.h"
+#include "data/tokenizer/tokenizer_reference.h"
+#include "gradguard/data/tokenizer/tokenizer.h"
 #include "test_util.h"
 
 namespace gradguard::test {

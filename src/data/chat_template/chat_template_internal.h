@@ -1,5 +1,5 @@
 // Internals shared by the chat-template lexer, parser and evaluator
-// (include/gradguard/data/chat_template.h explains the design). Values imitate the Python
+// (include/gradguard/data/chat_template/chat_template.h explains the design). Values imitate the Python
 // objects jinja2 would hold: lists, dicts and namespaces are shared by reference (a
 // namespace attribute set inside a loop is seen after it), strings are UTF-8 and every
 // length/index on them counts code points as Python does.
@@ -12,8 +12,8 @@
 #include <utility>
 #include <vector>
 
-#include "gradguard/data/chat_template.h"
-#include "unicode_text.h"
+#include "gradguard/data/chat_template/chat_template.h"
+#include "../tokenizer/unicode_text.h"  // the tokenizers' UTF-8 helpers
 
 namespace gradguard {
 namespace data {

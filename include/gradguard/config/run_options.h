@@ -1,6 +1,8 @@
-// Options of the training loop itself: the run (where, seed, device, threads), the
-// batch geometry, validation, checkpoint cadence and logging. The model, data,
-// optimizer, schedule, clipping and precision options live with their components.
+// The run-level sections of a configuration, the options of the training loop itself:
+// the run (where, seed, device, threads), the batch geometry, the loss, validation,
+// checkpoint cadence and logging. The model, data, optimizer, schedule, clipping and
+// precision options live with their components; config/ holds these because no
+// component owns them and every layer above reads them.
 #pragma once
 
 #include <array>
@@ -11,7 +13,7 @@
 #include "gradguard/core/choice.h"
 #include "gradguard/core/threads.h"
 
-namespace gradguard::train {
+namespace gradguard::config {
 
 struct RunOptions {
   std::string name;
@@ -127,4 +129,4 @@ struct LogOptions {
   }
 };
 
-}  // namespace gradguard::train
+}  // namespace gradguard::config

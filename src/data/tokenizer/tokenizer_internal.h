@@ -1,4 +1,4 @@
-// The pieces behind gradguard::data::Tokenizer (include/gradguard/data/tokenizer.h):
+// The pieces behind gradguard::data::Tokenizer (include/gradguard/data/tokenizer/tokenizer.h):
 // one backend interface with a tokenizer.json implementation (tokenizer_hf.cpp) and a
 // SentencePiece one (tokenizer_sp.cpp), and the BPE model the first uses
 // (tokenizer_bpe.cpp). Internal to src/data.

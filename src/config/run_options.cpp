@@ -1,12 +1,12 @@
 // Range checks of the loop options; each error names its config key.
-#include "gradguard/train/options.h"
+#include "gradguard/config/run_options.h"
 
 #include <regex>
 
 #include "gradguard/core/error.h"
 #include "gradguard/core/threads.h"
 
-namespace gradguard::train {
+namespace gradguard::config {
 namespace {
 void at_least(int64_t value, int64_t lo, const char* key) {
   if (value < lo)
@@ -50,4 +50,4 @@ void LogOptions::validate() const {
   at_least(every, 1, "log.every");
 }
 
-}  // namespace gradguard::train
+}  // namespace gradguard::config

@@ -9,8 +9,8 @@
 #include <fstream>
 #include <thread>
 
-#include "data/tokenizer_reference.h"
-#include "gradguard/data/tokenizer.h"
+#include "data/tokenizer/tokenizer_reference.h"
+#include "gradguard/data/tokenizer/tokenizer.h"
 #include "test_util.h"
 
 namespace gradguard::test {

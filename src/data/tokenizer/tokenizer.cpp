@@ -1,7 +1,7 @@
 // See tokenizer.h. This file finds the tokenizer's files, reads tokenizer_config.json
 // (special tokens, chat template) and checks ids before they reach a backend; the
 // formats themselves live in tokenizer_hf.cpp and tokenizer_sp.cpp.
-#include "gradguard/data/tokenizer.h"
+#include "gradguard/data/tokenizer/tokenizer.h"
 
 #include <sys/stat.h>
 

@@ -3,7 +3,7 @@
 // render byte-identically or fail when jinja2 failed; then the error paths a user sees
 // (syntax errors with line:column and `where`, unknown filters/tests, raise_exception,
 // undefined values) and the limits that stop a hostile template.
-#include "gradguard/data/chat_template.h"
+#include "gradguard/data/chat_template/chat_template.h"
 
 #include <fstream>
 #include <sstream>

@@ -1,5 +1,5 @@
 // See tokenizer_reference.h.
-#include "data/tokenizer_reference.h"
+#include "data/tokenizer/tokenizer_reference.h"
 
 #include <dirent.h>
 
