@@ -13,6 +13,7 @@
 #include "gradguard/config/components.h"
 #include "gradguard/core/error.h"
 #include "gradguard/core/fs.h"
+#include "gradguard/core/json_read.h"
 #include "gradguard/core/run_dir.h"
 
 namespace py = pybind11;
@@ -200,7 +201,7 @@ void GuardCore::load_state_dict(const std::string& text, bool rollback) {
         !state["guard"]["snapshots"].is_null())
       snapshots_->budget().load_state_dict(state["guard"]["snapshots"]);
   } catch (const nlohmann::json::exception& e) {
-    throw bad_input(where, std::string("malformed: ") + e.what());
+    throw bad_input(where, "malformed: " + json_error_text(e));
   }
 }
 

@@ -171,7 +171,7 @@ Reference read_reference(const std::string& dir) {
     ref.from_step = j.at("from_step").get<int64_t>();
     ref.world_size = j.at("world_size").get<int64_t>();
   } catch (const nlohmann::json::exception& e) {
-    throw bad_input(path, std::string("malformed: ") + e.what());
+    throw bad_input(path, "malformed: " + json_error_text(e));
   }
   if (ref.from_step < 0) throw bad_input(path, "from_step must be >= 0, got " + std::to_string(ref.from_step));
   if (!ref.checkpoint.empty() && (ref.checkpoint.rfind("checkpoints/step-", 0) != 0 ||
@@ -316,7 +316,7 @@ ReplayReport replay_snapshot(const std::string& dir, const ReplayOptions& option
     for (const auto& x : state.at("micro_losses"))
       recorded_micro.push_back(x.is_number() ? x.get<double>() : std::numeric_limits<double>::quiet_NaN());
   } catch (const nlohmann::json::exception& e) {
-    throw bad_input(dir + "/state.json", std::string("malformed: ") + e.what());
+    throw bad_input(dir + "/state.json", "malformed: " + json_error_text(e));
   }
 
   auto batch = checkpoint::load_safetensors(dir + "/batch.safetensors");

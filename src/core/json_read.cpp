@@ -35,7 +35,7 @@ std::optional<Json> parse_bounded(std::string_view text, const JsonLimits& limit
   } catch (const TooDeep&) {
     *why = "nested more than " + std::to_string(max_depth) + " levels deep";
   } catch (const nlohmann::json::exception& e) {
-    *why = std::string("not valid JSON: ") + e.what();
+    *why = "not valid JSON: " + json_error_text(e);
   }
   return std::nullopt;
 }
@@ -52,6 +52,22 @@ Json parse_or_throw(std::string_view text, const std::string& where, const JsonL
 }
 
 }  // namespace
+
+std::string json_error_text(const std::exception& e) {
+  std::string s = e.what();
+  if (s.rfind("[json.exception.", 0) == 0) {
+    const size_t close = s.find("] ");
+    if (close != std::string::npos) s.erase(0, close + 2);
+  }
+  const std::string parse = "parse error at ";
+  if (s.rfind(parse, 0) == 0) s.erase(0, parse.size());
+  const size_t filler = s.find("syntax error while parsing ");
+  if (filler != std::string::npos) {
+    const size_t dash = s.find(" - ", filler);
+    if (dash != std::string::npos) s.erase(filler, dash + 3 - filler);
+  }
+  return s;
+}
 
 nlohmann::json parse_json(std::string_view text, const std::string& where, const JsonLimits& limits,
                           bool require_object) {

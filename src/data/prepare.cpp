@@ -230,6 +230,12 @@ std::vector<EncodedSample> encode_documents(const Tokenizer& tokenizer, const Ch
             }
             out[i].trained.assign(out[i].ids.size(), 1);
           }
+        } catch (const Error& e) {
+          // An error of the tokenizer or the template names their file; say which record
+          // met it too.
+          failures[i] = e.where().rfind(docs[i].where, 0) == 0
+                            ? std::current_exception()
+                            : std::make_exception_ptr(Error(e.kind(), docs[i].where, e.what()));
         } catch (...) {
           failures[i] = std::current_exception();
         }

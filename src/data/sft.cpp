@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "gradguard/core/error.h"
 
@@ -41,10 +42,37 @@ const std::string& string_field(const ojson& record, const char* key, const std:
   return it->get_ref<const std::string&>();
 }
 
-void check_messages(const ojson& messages, const std::string& where) {
+// The text of a content given as a list of parts: [{"type": "text", "text": "..."}, ...]
+// (OpenAI's and HF's multimodal messages). A part of another type (an image, audio) is
+// refused naming it: the model trains on text.
+std::vector<std::string> text_parts(const ojson& content, const std::string& at) {
+  std::vector<std::string> texts;
+  for (size_t j = 0; j < content.size(); ++j) {
+    const ojson& part = content[j];
+    const std::string here = at + ".content[" + std::to_string(j) + "]";
+    if (!part.is_object()) throw bad_input(here, std::string("must be a {\"type\": \"text\", \"text\": ...} part, got ") + part.type_name());
+    const auto type = part.find("type");
+    if (type == part.end() || !type->is_string()) throw bad_input(here, "has no string \"type\"");
+    if (*type != "text")
+      throw bad_input(here, "has type \"" + type->get<std::string>() +
+                                "\": only text parts can be trained on (drop the part, or the message)");
+    const auto text = part.find("text");
+    if (text == part.end() || !text->is_string()) throw bad_input(here, "is a text part without a string \"text\"");
+    texts.push_back(text->get<std::string>());
+  }
+  return texts;
+}
+
+// Checks the messages and returns them as the template takes them: a content given as a
+// list of text parts stays a list for a template that loops over it
+// (ChatTemplate::iterates_message_content) and becomes the parts' texts joined by "\n"
+// for one that expects a string (as vLLM renders such templates), so no Python-looking
+// list reaches the training text.
+ojson checked_messages(const ojson& messages, const ChatTemplate& chat, const std::string& where) {
   if (!messages.is_array() || messages.empty()) {
     throw bad_input(where, "\"messages\" must be a non-empty list of {\"role\", \"content\"} objects");
   }
+  ojson out = messages;
   for (size_t i = 0; i < messages.size(); ++i) {
     const ojson& m = messages[i];
     const std::string at = where + ": messages[" + std::to_string(i) + "]";
@@ -58,9 +86,27 @@ void check_messages(const ojson& messages, const std::string& where) {
     const auto content = m.find("content");
     const bool has_tool_calls = m.contains("tool_calls");
     if (content == m.end() ? !has_tool_calls : !(content->is_string() || content->is_null() || content->is_array())) {
-      throw bad_input(at, "\"content\" must be a string (or null/absent with \"tool_calls\")");
+      throw bad_input(at, "\"content\" must be a string, a list of {\"type\": \"text\", \"text\": ...} parts, "
+                          "or null/absent with \"tool_calls\"");
     }
+    if (content == m.end() || !content->is_array()) continue;
+    const auto texts = text_parts(*content, at);
+    if (chat.iterates_message_content()) continue;
+    std::string joined;
+    for (size_t j = 0; j < texts.size(); ++j) joined += (j ? "\n" : "") + texts[j];
+    out[i]["content"] = joined;
   }
+  return out;
+}
+
+// The text a message's content puts into the rendering last: the string, or the last
+// text part of a list ("" when there is none).
+std::string last_text(const ojson& message) {
+  const auto content = message.find("content");
+  if (content == message.end()) return "";
+  if (content->is_string()) return content->get<std::string>();
+  if (content->is_array() && !content->empty()) return content->back().value("text", "");
+  return "";
 }
 
 std::string render(const ChatTemplate& chat, const Tokenizer& tokenizer, const ojson& record, const ojson& messages,
@@ -97,8 +143,7 @@ EncodedSample encode_chat(const Tokenizer& tokenizer, const ChatTemplate* chat, 
     throw bad_input(where, "a \"messages\" record needs the tokenizer's chat template, and " + tokenizer.path() +
                                " has none (tokenizer_config.json \"chat_template\")");
   }
-  const ojson& messages = record["messages"];
-  check_messages(messages, where);
+  const ojson messages = checked_messages(record["messages"], *chat, where);
   const std::string full = render(*chat, tokenizer, record, messages, false, where);
   EncodedSample out;
   if (train_on == TrainOn::kAll) {
@@ -124,10 +169,9 @@ EncodedSample encode_chat(const Tokenizer& tokenizer, const ChatTemplate* chat, 
     // The turn ends with the first special token after its content (<|im_end|>,
     // <|eot_id|>, </s>, <end_of_turn>): what the model must generate to stop.
     size_t from = prompt.size();
-    const auto content = messages[i].find("content");
-    if (content != messages[i].end() && content->is_string() && !content->get_ref<const std::string&>().empty()) {
-      const size_t at = full.find(content->get_ref<const std::string&>(), prompt.size());
-      if (at != std::string::npos) from = at + content->get_ref<const std::string&>().size();
+    if (const std::string content = last_text(messages[i]); !content.empty()) {
+      const size_t at = full.find(content, prompt.size());
+      if (at != std::string::npos) from = at + content.size();
     }
     const size_t end = end_of_first_special(tokenizer, full, from);
     if (end == std::string::npos && i + 1 != n) {

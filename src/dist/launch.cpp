@@ -40,6 +40,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <random>
 #include <utility>
 
 #include "gradguard/core/error.h"
@@ -249,32 +251,61 @@ void LaunchOptions::validate() const {
     throw bad_input("--grace-s", "must be a number of seconds >= 0, got " + format_number(grace_s));
 }
 
-int free_tcp_port(const std::string& addr) {
+namespace {
+
+// Binds a TCP socket to `port` (0: the kernel's choice) on `addr` and closes it. Returns the
+// port it got, 0 when no address of `addr` could be bound (*error says why).
+int bind_once(const std::string& addr, int port, std::string* error) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV;
   addrinfo* found = nullptr;
-  if (const int rc = getaddrinfo(addr.c_str(), "0", &hints, &found); rc != 0)
+  if (const int rc = getaddrinfo(addr.c_str(), std::to_string(port).c_str(), &hints, &found); rc != 0)
     throw bad_input("--master-addr", "cannot resolve '" + addr + "': " + gai_strerror(rc));
-  std::string error = "no address";
-  int port = 0;
-  for (addrinfo* ai = found; ai != nullptr && port == 0; ai = ai->ai_next) {
+  int got = 0;
+  for (addrinfo* ai = found; ai != nullptr && got == 0; ai = ai->ai_next) {
     const int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
     if (fd < 0) {
-      error = std::strerror(errno);
+      *error = std::strerror(errno);
       continue;
     }
     sockaddr_storage bound{};
     socklen_t len = sizeof bound;
     if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) == 0)
-      port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                                               : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+      got = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                              : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
     else
-      error = std::strerror(errno);
+      *error = std::strerror(errno);
     close(fd);
   }
   freeaddrinfo(found);
+  return got;
+}
+
+// The first port of the kernel's ephemeral range (ip_local_port_range), 32768 when unknown.
+int ephemeral_low() {
+  std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0, high = 0;
+  return (in >> low >> high) && low > 1024 ? low : 32768;
+}
+
+}  // namespace
+
+int free_tcp_port(const std::string& addr) {
+  // A port from the kernel's ephemeral range is free only until someone else takes it:
+  // every outgoing connection on the machine (other ranks' stores, other tests' launches)
+  // draws from that range between this check and rank 0's bind. Below it only listeners
+  // bind, so a free port there stays free: try a random one first, then its neighbours.
+  std::string error = "no address";
+  const int high = ephemeral_low(), low = std::max(1025, high - 12000);
+  std::random_device seed;
+  const int start = low + static_cast<int>(seed() % static_cast<unsigned>(high - low));
+  for (int k = 0; k < 64; ++k) {
+    const int port = low + (start - low + k) % (high - low);
+    if (bind_once(addr, port, &error) == port) return port;
+  }
+  const int port = bind_once(addr, 0, &error);  // all taken: the kernel's choice
   if (port == 0)
     throw bad_input("--master-addr", "cannot bind a TCP port on '" + addr + "' (" + error +
                                          "): it must be an address of this machine, or pass --master-port");

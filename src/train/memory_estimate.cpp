@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 
 #include "gradguard/config/config.h"
 #include "gradguard/core/compat.h"
+#include "gradguard/core/error.h"
 
 namespace gradguard::train {
 namespace {
@@ -149,6 +152,41 @@ Suggestion suggest(PlanInputs in, double bytes) {
   out.checkpointing = true;
   out.estimate = estimate(in);
   return out;
+}
+
+std::optional<double> host_bytes_available() {
+  std::ifstream in("/proc/meminfo");
+  if (!in) return std::nullopt;
+  double available = -1, swap_free = -1;
+  std::string key;
+  double kib = 0;
+  std::string unit;
+  while (in >> key >> kib) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") available = kib * 1024;
+    if (key == "SwapFree:") swap_free = kib * 1024;
+  }
+  if (available < 0) return std::nullopt;
+  return available + std::max(swap_free, 0.0);
+}
+
+void check_fits_this_machine(const PlanInputs& in, int64_t local_ranks, const std::string& where) {
+  const auto available = host_bytes_available();
+  if (!available) return;
+  const auto e = estimate(in);
+  const double per_rank = e.weights + e.gradients + e.optimizer + e.optimizer_host;
+  const double needed = per_rank * static_cast<double>(std::max<int64_t>(local_ranks, 1));
+  if (needed <= *available) return;
+  char msg[512];
+  std::snprintf(msg, sizeof msg,
+                "a model of %lld parameters (%lld trained) needs %.1f GiB for its weights, gradients and optimizer "
+                "state%s, and this machine has %.1f GiB available (MemAvailable + SwapFree): nothing was allocated. "
+                "LoRA, bf16 weights, ZeRO over more machines or a smaller model need less (`gradguard plan` "
+                "compares them)",
+                (long long)e.parameters, (long long)e.trainable, needed / kGiB,
+                local_ranks > 1 ? (" (" + std::to_string(local_ranks) + " ranks on this machine)").c_str() : "",
+                *available / kGiB);
+  throw bad_input(where, msg);
 }
 
 }  // namespace gradguard::train

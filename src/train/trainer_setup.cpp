@@ -28,6 +28,7 @@
 #include "gradguard/optim/adamw.h"
 #include "gradguard/optim/optimizer.h"
 #include "gradguard/optim/sharded_optimizer.h"
+#include "gradguard/train/memory_estimate.h"
 #include "trainer_internal.h"
 
 namespace gradguard::train {
@@ -174,6 +175,14 @@ void Trainer::State::build() {
   }
 
   if (!c.model.init_from.empty()) checkpoint::check_weights_fit_config(c.model.init_from, c.model);
+  if (device.is_cpu()) {
+    // Nothing of the model's size is allocated before it is known to fit this machine
+    // (the ranks of a node share its memory).
+    auto in = PlanInputs::from_config(c, env.world_size);
+    in.for_this_cpu();
+    check_fits_this_machine(in, env.local_world_size,
+                            c.model.init_from.empty() ? std::string("model") : c.model.init_from + "/config.json");
+  }
   model = model::LlamaForCausalLM(c.model);
   if (!c.model.init_from.empty()) checkpoint::load_hf_weights(c.model.init_from, *model);
   // LoRA freezes what was loaded and adds the adapters (model/lora.h); only parameters

@@ -52,6 +52,28 @@ TEST(JsonRead, SizeLimitAndObjectRequirement) {
   EXPECT_THAT(error_of([&] { parse_json("{\"a\":", "w.json"); }), HasSubstr("w.json"));
 }
 
+TEST(JsonRead, ParseErrorsAreInOurWordsWithLineAndColumn) {
+  // nlohmann's own text carries a "[json.exception.parse_error.101]" tag and parser
+  // jargon; the message keeps the position and the reason (nlohmann 3.11's wording).
+  const std::string msg = error_of([&] { parse_json("{\"a\": tru}", "x.json"); });
+  EXPECT_THAT(msg, HasSubstr("x.json: not valid JSON: line 1, column 10: invalid literal; last read: '"));
+  EXPECT_THAT(msg, Not(HasSubstr("json.exception")));
+  EXPECT_THAT(msg, Not(HasSubstr("syntax error while parsing")));
+  try {
+    nlohmann::json j = 3;
+    (void)j.get<std::string>();
+    ADD_FAILURE() << "no exception";
+  } catch (const nlohmann::json::exception& e) {
+    EXPECT_EQ(json_error_text(e), "type must be string, but is number");
+  }
+  try {
+    (void)nlohmann::json::object().at("step");
+    ADD_FAILURE() << "no exception";
+  } catch (const nlohmann::json::exception& e) {
+    EXPECT_EQ(json_error_text(e), "key 'step' not found");
+  }
+}
+
 TEST(JsonRead, ExcerptIsOneBoundedLine) {
   EXPECT_EQ(excerpt("abc"), "abc");
   const std::string cut = excerpt(std::string(1000, 'x') + "\nmore", 20);

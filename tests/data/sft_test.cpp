@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include "gradguard/core/error.h"
+#include "gradguard/data/chat_template/chat_template.h"
 #include "gradguard/data/prepare.h"
 #include "gradguard/data/sft.h"
 #include "gradguard/data/token_dataset.h"
@@ -37,12 +38,14 @@ std::string bad_input_message(const std::function<void()>& fn) {
   return "";
 }
 
-// Characters 32..126 are ids 0..94, <eos> 95; an optional chat template.
-void write_char_tokenizer(const TempDir& dir, const std::string& chat_template = "") {
+// Characters 32..126 are ids 0..94, <eos> 95, <end> 96 (and "\n" 97 with `newline`); an
+// optional chat template.
+void write_char_tokenizer(const TempDir& dir, const std::string& chat_template = "", bool newline = false) {
   nlohmann::json vocab = nlohmann::json::object();
   for (int c = 32; c < 127; ++c) vocab[std::string(1, static_cast<char>(c))] = c - 32;
   vocab["<eos>"] = 95;
   vocab["<end>"] = 96;
+  if (newline) vocab["\n"] = 97;
   const nlohmann::json doc = {
       {"added_tokens", nlohmann::json::array({{{"id", 95}, {"content", "<eos>"}, {"special", true}},
                                               {{"id", 96}, {"content", "<end>"}, {"special", true}}})},
@@ -172,6 +175,48 @@ TEST(SftPrepare, ChatTurnsThroughTheTemplate) {
   EXPECT_EQ(r.undelimited_turns, 0);
 }
 
+// A content given as a list of text parts: joined by "\n" for a template that expects a
+// string (no Python-looking list in the text), kept as a list for one that loops over it;
+// the turns are trained the same way either way.
+TEST(SftPrepare, ContentPartsReachTheTemplateAsItTakesThem) {
+  const std::string record =
+      R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "h"}, {"type": "text", "text": "i"}]},)"
+      R"( {"role": "assistant", "content": [{"type": "text", "text": "y"}, {"type": "text", "text": "o"}]}]})"
+      "\n";
+  {
+    TempDir dir;
+    write_char_tokenizer(dir, kTinyTemplate, /*newline=*/true);
+    EXPECT_FALSE(ChatTemplate::parse(kTinyTemplate, "t").iterates_message_content());
+    write_text(dir.file("c.jsonl"), record);
+    const PrepareResult r = prepare_dataset(sft_options(dir, "c.jsonl"));
+    const TokenFile file(r.train_path, 98);
+    const Tokenizer tokenizer = Tokenizer::load(dir.file("tok"));
+    EXPECT_EQ(text_of(tokenizer, std::vector<int32_t>(file.data(), file.data() + file.size()), true),
+              "user:h\ni<end>assistant:y\no<end>");
+    EXPECT_EQ(trained_spans(file, tokenizer, true), (std::vector<std::string>{"y\no<end>"}));
+  }
+  {
+    // A template in the multimodal style: it tests for a string and loops over the parts.
+    const std::string looping =
+        "{% for m in messages %}{{ m['role'] }}:{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+        "{% for p in m['content'] %}[{{ p['text'] }}]{% endfor %}{% endif %}<end>{% endfor %}"
+        "{% if add_generation_prompt %}assistant:{% endif %}";
+    EXPECT_TRUE(ChatTemplate::parse(looping, "t").iterates_message_content());
+    EXPECT_TRUE(ChatTemplate::parse("{% for m in messages %}{% for p in m.content | selectattr('type') %}{% endfor %}"
+                                    "{% endfor %}", "t").iterates_message_content());
+    TempDir dir;
+    write_char_tokenizer(dir, looping);
+    write_text(dir.file("c.jsonl"), record);
+    const PrepareResult r = prepare_dataset(sft_options(dir, "c.jsonl"));
+    const TokenFile file(r.train_path, 97);
+    const Tokenizer tokenizer = Tokenizer::load(dir.file("tok"));
+    EXPECT_EQ(text_of(tokenizer, std::vector<int32_t>(file.data(), file.data() + file.size()), true),
+              "user:[h][i]<end>assistant:[y][o]<end>");
+    EXPECT_EQ(trained_spans(file, tokenizer, true), (std::vector<std::string>{"[y][o]<end>"}));
+    EXPECT_EQ(r.undelimited_turns, 0);
+  }
+}
+
 TEST(SftPrepare, SamplesWithoutATrainedTokenAreReportedAndLeftOut) {
   TempDir dir;
   write_char_tokenizer(dir, kTinyTemplate);
@@ -226,6 +271,13 @@ TEST(SftPrepare, BadRecordsNameTheFileAndLineAndWriteNothing) {
       {R"({"messages": [{"role": "wizard", "content": "x"}]})", "messages[0]: unknown role \"wizard\""},
       {R"({"messages": [{"content": "x"}]})", "messages[0]: has no string \"role\""},
       {R"({"messages": []})", "must be a non-empty list"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image", "image": "x.png"}]}]})",
+       "messages[0].content[1]: has type \"image\": only text parts can be trained on"},
+      {R"({"messages": [{"role": "user", "content": ["a"]}]})", "messages[0].content[0]: must be a {\"type\": \"text\""},
+      {R"({"messages": [{"role": "user", "content": [{"type": "text"}]}]})",
+       "messages[0].content[0]: is a text part without a string \"text\""},
+      {R"({"messages": [{"role": "user", "content": [{"text": "a"}]}]})", "messages[0].content[0]: has no string \"type\""},
+      {R"({"messages": [{"role": "user", "content": 7}]})", "\"content\" must be a string, a list of"},
       {R"({"messages": [{"role": "tool", "content": "x"}]})", "no tools here"},
       {R"({"prompt": "a", "completion": 3})", "\"completion\" must be a string, got number"},
       {R"({"prompt": "a"})", "\"completion\" must be a string, got nothing"},
@@ -319,6 +371,22 @@ TEST_F(RealChatTemplates, Qwen3) {
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nQuestion one?<|im_end|>\n<|im_start|>assistant\n"
             "Answer one.<|im_end|>\n<|im_start|>user\nQuestion two?<|im_end|>\n<|im_start|>assistant\n<think>\n\n"
             "</think>\n\nAnswer two.<|im_end|>\n");
+}
+
+TEST_F(RealChatTemplates, ContentPartsRenderAsTheirText) {
+  // Neither real template loops over a message's content: one text part is the string
+  // itself, so the rendering and the split are those of the string form (jinja2's above).
+  EXPECT_FALSE(ChatTemplate::parse(nlohmann::json::parse(read_text(model("tokenizer-qwen3") + "/tokenizer_config.json"))
+                                       ["chat_template"].get<std::string>(), "qwen3").iterates_message_content());
+  write_text(dir_.file("c.jsonl"),
+             R"({"messages": [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},)"
+             R"( {"role": "user", "content": [{"type": "text", "text": "Question one?"}]},)"
+             R"( {"role": "assistant", "content": [{"type": "text", "text": "Answer one."}]},)"
+             R"( {"role": "user", "content": "Question two?"}, {"role": "assistant", "content": "Answer two."}]})"
+             "\n");
+  EXPECT_EQ(spans("tokenizer-qwen3"),
+            (std::vector<std::string>{"Answer one.<|im_end|>", "<think>\n\n</think>\n\nAnswer two.<|im_end|>"}));
+  EXPECT_EQ(spans("tokenizer-llama3"), (std::vector<std::string>{"Answer one.<|eot_id|>", "Answer two.<|eot_id|>"}));
 }
 
 TEST_F(RealChatTemplates, Llama3) {

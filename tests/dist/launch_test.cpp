@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -131,10 +132,17 @@ TEST(LaunchOptions, ValidateNamesTheOption) {
   EXPECT_THAT(message(o), HasSubstr("--master-addr"));
 }
 
-TEST(LaunchFreePort, BindsOnTheAddress) {
+TEST(LaunchFreePort, BindsOnTheAddressBelowTheEphemeralRange) {
   const int port = free_tcp_port("127.0.0.1");
   EXPECT_GE(port, 1);
   EXPECT_LE(port, 65535);
+  // Below the range outgoing connections draw from, so none of them takes it before the
+  // rank-0 store binds it.
+  int low = 32768, high = 60999;
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  if (range) range >> low >> high;
+  EXPECT_LT(port, low);
+  EXPECT_GE(port, std::max(1025, low - 12000));
   // 192.0.2.1 (TEST-NET-1) is never an address of this machine.
   EXPECT_THAT(test::bad_input_message([] { free_tcp_port("192.0.2.1"); }), HasSubstr("--master-addr"));
 }

@@ -23,6 +23,14 @@
 namespace gradguard {
 namespace {
 using ::testing::HasSubstr;
+
+// A launch that must succeed; on failure its whole output (every rank's lines, the
+// launcher's) is in the test's log, so a failure under load can be read afterwards.
+#define ASSERT_RAN(expr)                                                      \
+  do {                                                                        \
+    const test::CliResult ran_ = (expr);                                      \
+    ASSERT_EQ(ran_.exit_code, 0) << ran_.output;                              \
+  } while (0)
 namespace stdfs = std::filesystem;
 
 class Zero : public ::testing::Test {
@@ -92,14 +100,14 @@ TEST_F(Zero, TwoAndThreeRanksEqualTheReplicatedRunAndOneProcess) {
   // a segment boundary moves which elements fall in the tail: the last test of this
   // block holds that kernel to 1e-6 instead.
   const std::string foreach = " --set optim.implementation=foreach ";
-  ASSERT_EQ(launch(1, args("single", foreach)).exit_code, 0);
+  ASSERT_RAN(launch(1, args("single", foreach)));
   const auto single = weights("single", 8);
   for (int ranks : {2, 3}) {
     const std::string z = "zero" + std::to_string(ranks), r = "replicated" + std::to_string(ranks);
     auto zr = launch(ranks, args(z, foreach + "--set memory.zero_stage=1 --set dist.check_every=1"));
     ASSERT_EQ(zr.exit_code, 0) << zr.output;
     EXPECT_THAT(zr.output, HasSubstr("optimizer state sharded (ZeRO-1) over " + std::to_string(ranks) + " ranks"));
-    ASSERT_EQ(launch(ranks, args(r, foreach)).exit_code, 0);
+    ASSERT_RAN(launch(ranks, args(r, foreach)));
     // Against the replicated run on the same ranks: the same numbers, bit for bit.
     for (const auto& [name, t] : weights(r, 8)) EXPECT_TRUE(torch::equal(t, weights(z, 8).at(name))) << name;
     const auto a = steps(r), b = steps(z);
@@ -114,17 +122,17 @@ TEST_F(Zero, TwoAndThreeRanksEqualTheReplicatedRunAndOneProcess) {
     EXPECT_LT(relative_difference(single, weights(z, 8)), 1e-6) << ranks << " ranks";
   }
   // The default kernel (fused where LibTorch has one for the CPU, else foreach).
-  ASSERT_EQ(launch(2, args("zero_auto", "--set memory.zero_stage=1")).exit_code, 0);
-  ASSERT_EQ(launch(2, args("replicated_auto")).exit_code, 0);
+  ASSERT_RAN(launch(2, args("zero_auto", "--set memory.zero_stage=1")));
+  ASSERT_RAN(launch(2, args("replicated_auto")));
   EXPECT_LT(relative_difference(weights("replicated_auto", 8), weights("zero_auto", 8)), 1e-6);
 }
 
 TEST_F(Zero, AResumeAtAnotherWorldSizeContinuesTheRun) {
-  ASSERT_EQ(launch(2, args("two", "--set memory.zero_stage=1")).exit_code, 0);
+  ASSERT_RAN(launch(2, args("two", "--set memory.zero_stage=1")));
   const auto straight = weights("two", 8);
   // 2 -> 2 is the same arithmetic: bit for bit.
   copy_to_step4("two", "again");
-  ASSERT_EQ(launch(2, "train --resume runs/again").exit_code, 0);
+  ASSERT_RAN(launch(2, "train --resume runs/again"));
   for (const auto& [name, t] : weights("again", 8)) EXPECT_TRUE(torch::equal(t, straight.at(name))) << name;
   // 2 -> 1 and 2 -> 3: each rank reads its new range out of the old shards.
   for (int ranks : {1, 3}) {
@@ -167,7 +175,7 @@ TEST_F(Zero, StageTwoShardsTheGradientsAndMatchesTheReplicatedRun) {
     ASSERT_EQ(zr.exit_code, 0) << zr.output;
     EXPECT_THAT(zr.output, HasSubstr("gradients sharded (ZeRO-2) over " + std::to_string(ranks) + " ranks"));
     EXPECT_THAT(zr.output, HasSubstr("gradient buckets reduced to their shard owners"));
-    ASSERT_EQ(launch(ranks, args(r, common)).exit_code, 0);
+    ASSERT_RAN(launch(ranks, args(r, common)));
     EXPECT_LT(relative_difference(weights(r, 8), weights(z, 8)), 1e-6);
     const auto a = steps(r), b = steps(z);
     ASSERT_EQ(a.size(), 8u);
@@ -192,7 +200,7 @@ TEST_F(Zero, StageTwoClipsWithAgcOnTheShardsAsOnWholeGradients) {
   const std::string agc = " --set optim.implementation=foreach --set dist.bucket_mb=0.01 --set clip.strategy=agc ";
   auto zr = launch(3, args("agc_z2", agc + "--set memory.zero_stage=2 --set dist.check_every=1"));
   ASSERT_EQ(zr.exit_code, 0) << zr.output;
-  ASSERT_EQ(launch(3, args("agc_rep", agc)).exit_code, 0);
+  ASSERT_RAN(launch(3, args("agc_rep", agc)));
   EXPECT_LT(relative_difference(weights("agc_rep", 8), weights("agc_z2", 8)), 1e-6);
   const auto a = steps("agc_rep"), b = steps("agc_z2");
   ASSERT_EQ(b.size(), 8u);
@@ -207,15 +215,15 @@ TEST_F(Zero, SpamIsElementwiseAndRunsOnTheShards) {
   // what the whole tensors would (to the summation order of the gradients).
   const std::string spam = " --set optim.spam_threshold=50 --set optim.spam_reset_every=3 --set optim.spam_warmup=2"
                            " --set optim.spam_clip_delay=1 ";
-  ASSERT_EQ(launch(2, args("spam_z2", spam + "--set memory.zero_stage=2")).exit_code, 0);
-  ASSERT_EQ(launch(2, args("spam_rep", spam)).exit_code, 0);
+  ASSERT_RAN(launch(2, args("spam_z2", spam + "--set memory.zero_stage=2")));
+  ASSERT_RAN(launch(2, args("spam_rep", spam)));
   EXPECT_LT(relative_difference(weights("spam_rep", 8), weights("spam_z2", 8)), 1e-6);
-  ASSERT_EQ(launch(2, args("plain_rep")).exit_code, 0);
+  ASSERT_RAN(launch(2, args("plain_rep")));
   EXPECT_GT(relative_difference(weights("plain_rep", 8), weights("spam_rep", 8)), 1e-4);  // SPAM did something
 }
 
 TEST_F(Zero, StageTwoResumesAtAnotherWorldSizeAndSkipsAnInfOnOneRanksShard) {
-  ASSERT_EQ(launch(2, args("two2", "--set memory.zero_stage=2")).exit_code, 0);
+  ASSERT_RAN(launch(2, args("two2", "--set memory.zero_stage=2")));
   const auto straight = weights("two2", 8);
   // The optimizer shards are ZeRO-1's: 2 -> 1 (one process: nothing to shard) and 2 -> 3.
   for (int ranks : {1, 3}) {
@@ -226,7 +234,7 @@ TEST_F(Zero, StageTwoResumesAtAnotherWorldSizeAndSkipsAnInfOnOneRanksShard) {
     EXPECT_LT(relative_difference(straight, weights(run, 8)), 1e-6) << ranks << " ranks";
   }
   // A ZeRO-1 checkpoint continues under ZeRO-2: the same optimizer state.
-  ASSERT_EQ(launch(2, args("one_then_two", "--set memory.zero_stage=1")).exit_code, 0);
+  ASSERT_RAN(launch(2, args("one_then_two", "--set memory.zero_stage=1")));
   copy_to_step4("one_then_two", "now_two");
   auto r = launch(2, "train --resume runs/now_two --set memory.zero_stage=2");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -249,7 +257,7 @@ TEST_F(Zero, Bf16WeightsWithMastersResumeBitForBit) {
   const auto straight = weights("bf16", 8);
   EXPECT_EQ(straight.begin()->second.scalar_type(), torch::kBFloat16);
   copy_to_step4("bf16", "bf16b");
-  ASSERT_EQ(launch(1, "train --resume runs/bf16b").exit_code, 0);
+  ASSERT_RAN(launch(1, "train --resume runs/bf16b"));
   for (const auto& [name, t] : weights("bf16b", 8)) EXPECT_TRUE(torch::equal(t, straight.at(name))) << name;
   // The masters are in the checkpoint: float32, one shard.
   const auto shard = checkpoint::load_safetensors(
@@ -273,7 +281,7 @@ TEST_F(Zero, Bf16WeightsOnTwoRanksSumTheirGradientsInFloat32) {
   }
   // One process with the same global batch: bf16 arithmetic in a different order, so
   // close but not equal.
-  ASSERT_EQ(launch(1, args("bf16one", bf16)).exit_code, 0);
+  ASSERT_RAN(launch(1, args("bf16one", bf16)));
   EXPECT_LT(relative_difference(weights("bf16one", 8), b), 1e-2);
   const auto one = steps("bf16one"), two = steps("bf16zero");
   ASSERT_EQ(two.size(), 8u);
@@ -319,7 +327,7 @@ TEST_F(Zero, ImpossibleCombinationsExitTwoNamingTheKey) {
 }
 
 TEST_F(Zero, AResumeWithOtherMemorySettingsIsRefusedAndNothingChanges) {
-  ASSERT_EQ(launch(1, args("plain")).exit_code, 0);
+  ASSERT_RAN(launch(1, args("plain")));
   copy_to_step4("plain", "switch");
   const auto before = test::read_text(dir_.file("runs/switch/metrics.jsonl"));
   auto r = launch(1, "train --resume runs/switch --set memory.zero_stage=1");
@@ -327,7 +335,7 @@ TEST_F(Zero, AResumeWithOtherMemorySettingsIsRefusedAndNothingChanges) {
   EXPECT_THAT(r.output, HasSubstr("memory settings"));
   EXPECT_EQ(test::read_text(dir_.file("runs/switch/metrics.jsonl")), before);
   // And the reverse: a sharded checkpoint resumed with the state kept whole.
-  ASSERT_EQ(launch(1, args("sharded", "--set memory.offload_optimizer=true")).exit_code, 0);
+  ASSERT_RAN(launch(1, args("sharded", "--set memory.offload_optimizer=true")));
   copy_to_step4("sharded", "back");
   r = launch(1, "train --resume runs/back --set memory.offload_optimizer=false");
   EXPECT_EQ(r.exit_code, 2) << r.output;
@@ -371,7 +379,7 @@ TEST_F(Zero, TheEmbeddingDecaySettingMustMatchTheCheckpoint) {
   for (const std::string memory : {"", "--set memory.offload_optimizer=true"}) {
     SCOPED_TRACE(memory.empty() ? "replicated" : "sharded");
     const std::string run = memory.empty() ? "old_rep" : "old_sh";
-    ASSERT_EQ(launch(1, args(run, memory + " --set optim.decay_embeddings=true")).exit_code, 0);
+    ASSERT_RAN(launch(1, args(run, memory + " --set optim.decay_embeddings=true")));
     copy_to_step4(run, run + "_b");
     const std::string config = dir_.file("runs/" + run + "_b/config.yaml");
     std::string yaml = test::read_text(config);
@@ -407,7 +415,7 @@ TEST_F(Zero, ACorruptShardIsCaughtByTheManifestAndTheResumeFallsBack) {
   // A layout file the manifest does not list is not trusted either.
   const std::string plain_dir = dir_.file("runs/corrupt/checkpoints/step-0000004");
   stdfs::copy_file(plain_dir + "/optimizer_shards.json", dir_.file("runs/corrupt/checkpoints/copy.json"));
-  ASSERT_EQ(launch(1, args("unsharded")).exit_code, 0);
+  ASSERT_RAN(launch(1, args("unsharded")));
   stdfs::copy_file(dir_.file("runs/corrupt/checkpoints/copy.json"),
                    dir_.file("runs/unsharded/checkpoints/step-0000008/optimizer_shards.json"));
   r = launch(1, "train --resume runs/unsharded --set schedule.total_steps=10");

@@ -149,6 +149,22 @@ TEST_F(Hostile, ABigConfigBesideSmallWeightsIsRefusedBeforeAllocating) {
   EXPECT_THAT(r.output, HasSubstr("holds 2 decoder layers, config.json's num_hidden_layers is 40"));
 }
 
+TEST_F(Hostile, AModelLargerThanTheMachineIsRefusedBeforeAllocating) {
+  // Llama-3-70B's shape in the configuration itself (no weights to compare it with): its
+  // weights, gradients and AdamW state in fp32 are about 1.1 TB. The trainer refuses it
+  // with what it needs and what the machine has (train/memory_estimate.h) before the
+  // first tensor, and writes nothing.
+  auto r = run_cli(train_args("--name huge --set model.hidden_size=8192 --set model.intermediate_size=28672 "
+                              "--set model.num_layers=80 --set model.num_heads=64 --set model.num_kv_heads=8"),
+                   dir_.path());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("model: a model of "));
+  EXPECT_THAT(r.output, ::testing::ContainsRegex("needs [0-9.]+ GiB for its weights, gradients and optimizer state, "
+                                                 "and this machine has [0-9.]+ GiB available"));
+  EXPECT_THAT(r.output, HasSubstr("nothing was allocated"));
+  EXPECT_FALSE(std::filesystem::exists(path("runs/huge")));
+}
+
 TEST_F(Hostile, ImpossibleOptimizerStateOrWeightsFallBackToAnOlderCheckpoint) {
   // A negative second moment in a ZeRO shard, or a NaN weight, with the manifest rewritten
   // to match, used to load and train on. Both are refused like a corrupt checkpoint and

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <exception>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -42,6 +43,12 @@ nlohmann::json read_json_file(const std::string& path, const JsonLimits& limits 
 
 // At most `max_chars` of `text` on one line, "..." marking a cut: for messages.
 std::string excerpt(std::string_view text, size_t max_chars = 80);
+
+// nlohmann's exception text in our words, for a message: without its
+// "[json.exception.parse_error.101]" tag and its "parse error at ... syntax error while
+// parsing value -" filler: "line 1, column 9: invalid literal; last read: 'tru'", "type must
+// be string, but is number", "key 'step' not found".
+std::string json_error_text(const std::exception& e);
 
 // Typed reads of one field of an object that may hold anything: the fallback when the
 // field is missing or of another type (never an exception).

@@ -9,6 +9,11 @@
 //                                                 (tokenizer_config.json), assistant turns
 //                                                 trained; optional "tools" is passed to it
 //
+// A "content" may be a list of parts, [{"type": "text", "text": "..."}, ...] (OpenAI's and
+// HF's multimodal form): a template that loops over a message's content gets the list; one
+// that expects a string gets the texts joined by "\n". A part of another type (image,
+// audio) is an error naming file:line and messages[i].content[j].
+//
 // How a chat is split (docs/data.md): the whole conversation is rendered once. Assistant
 // turn i starts where the rendering of messages[:i] with add_generation_prompt=true ends
 // (it must be a prefix of the whole) and ends with the first special token after its

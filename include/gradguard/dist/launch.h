@@ -47,9 +47,11 @@ struct LaunchOptions {
 int launch(const LaunchOptions& options, const std::vector<std::string>& args, const std::string& self_exe,
            const std::vector<std::string>& self_commands);
 
-// A TCP port that was free on `addr` (numeric address or host name of this machine): binds
-// port 0 there, reads the port the kernel chose, closes the socket. Another process may
-// take the port before the rank-0 store binds it; the window is short. Throws
+// A TCP port that was free on `addr` (numeric address or host name of this machine),
+// chosen below the kernel's ephemeral range (ip_local_port_range), where outgoing
+// connections never take it before the rank-0 store binds it: a random port there is
+// bound and closed, its neighbours tried when taken; the kernel's choice (port 0) when all
+// are. Throws
 // gradguard::Error (bad input, "--master-addr") if `addr` cannot be resolved or bound.
 int free_tcp_port(const std::string& addr);
 

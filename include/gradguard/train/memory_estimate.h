@@ -40,6 +40,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 
 #include "gradguard/amp/precision.h"
 #include "gradguard/model/llama.h"
@@ -86,6 +88,18 @@ void count_parameters(const model::LlamaOptions& model, const model::LoraOptions
                       int64_t* trainable);
 
 MemoryEstimate estimate(const PlanInputs& in);
+
+// What this machine can still give a process: MemAvailable + SwapFree of /proc/meminfo,
+// in bytes; nullopt where it cannot be read.
+std::optional<double> host_bytes_available();
+
+// Refuses a run whose resident memory -- weights, gradients and optimizer state of the
+// estimate, times the `local_ranks` processes sharing this machine -- is more than
+// host_bytes_available(), before anything of the model's size is allocated: throws
+// gradguard::Error (bad input) naming `where` (the file or key that sets the size), what
+// it needs and what the machine has. For runs whose model lives in host memory (the CPU);
+// a no-op where the machine's memory cannot be read.
+void check_fits_this_machine(const PlanInputs& in, int64_t local_ranks, const std::string& where);
 
 // The largest micro-batch (a power of two dividing global_batch / ranks) whose estimate
 // fits `bytes`, first without activation checkpointing, then with it.

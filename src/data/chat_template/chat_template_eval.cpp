@@ -423,6 +423,31 @@ void ChatTemplateOptions::validate() const {
   if (max_depth <= 0) throw bad_input("chat_template.max_depth", "must be > 0");
 }
 
+namespace {
+// Whether `e` (a for loop's iterable, through any filters applied to it) reads an
+// attribute or item named "content": `message.content`, `m['content'] | selectattr(...)`.
+bool reads_content(const chat_detail::Expr* e) {
+  using chat_detail::ExprKind;
+  if (e == nullptr) return false;
+  if (e->kind == ExprKind::kGetAttr) return e->name == "content";
+  if (e->kind == ExprKind::kGetItem && e->args.size() > 1 && e->args[1] && e->args[1]->kind == ExprKind::kLiteral &&
+      e->args[1]->literal.kind == chat_detail::Kind::kString && e->args[1]->literal.s == "content")
+    return true;
+  if (e->kind == ExprKind::kFilter && !e->args.empty()) return reads_content(e->args[0].get());
+  return false;
+}
+
+bool loops_over_content(const chat_detail::Body& body) {
+  for (const auto& n : body) {
+    if (n->kind == chat_detail::NodeKind::kFor && reads_content(n->expr.get())) return true;
+    if (loops_over_content(n->body) || loops_over_content(n->else_body)) return true;
+    for (const auto& [cond, branch] : n->branches)
+      if (loops_over_content(branch)) return true;
+  }
+  return false;
+}
+}  // namespace
+
 ChatTemplate ChatTemplate::parse(const std::string& source, const std::string& where,
                                  const ChatTemplateOptions& options) {
   options.validate();
@@ -430,10 +455,13 @@ ChatTemplate ChatTemplate::parse(const std::string& source, const std::string& w
   t->where = where;
   t->options = options;
   t->body = chat_detail::parse_tokens(chat_detail::lex(source, where), where, options.max_depth);
+  t->iterates_content = loops_over_content(t->body);
   return ChatTemplate(std::move(t));
 }
 
 const std::string& ChatTemplate::where() const { return impl_->where; }
+
+bool ChatTemplate::iterates_message_content() const { return impl_->iterates_content; }
 
 std::string ChatTemplate::render(const nlohmann::ordered_json& context) const {
   return render_value(chat_detail::from_json(context));

@@ -193,6 +193,7 @@ struct Template {
   std::string where;
   ChatTemplateOptions options;
   Body body;
+  bool iterates_content = false;  // some for loop runs over `X.content` / `X['content']`
 };
 
 // ---- lexer / parser (chat_template_lexer.cpp, chat_template_parser.cpp) ---------------

@@ -124,7 +124,8 @@ Pattern make_pattern(const json& spec, const JsonPath& at) {
     p.literal = json_string(spec, "String", at);
   } else if (spec.contains("Regex")) {
     const std::string source = json_string(spec, "Regex", at);
-    p.regex = std::make_unique<Regex>(oniguruma_to_pcre2(source), at.key("Regex").where());
+    const std::string where = at.key("Regex").where();
+    p.regex = std::make_unique<Regex>(oniguruma_to_pcre2(source, where), where, source);
   } else {
     throw bad_input(at.where(), "must hold \"String\" or \"Regex\"");
   }

@@ -257,6 +257,7 @@ int ByteLevelTable::char_to_byte(char32_t cp) const {
 struct Regex::Impl {
   pcre2_code* code = nullptr;
   bool jit = false;
+  std::string where, source;  // for messages
 };
 
 namespace {
@@ -279,7 +280,10 @@ ThreadMatchState& thread_match_state() {
 }
 }  // namespace
 
-Regex::Regex(const std::string& pattern, const std::string& where) : impl_(std::make_unique<Impl>()) {
+Regex::Regex(const std::string& pattern, const std::string& where, const std::string& source)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->where = where;
+  impl_->source = source.empty() ? pattern : source;
   int error = 0;
   PCRE2_SIZE offset = 0;
   impl_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
@@ -287,8 +291,12 @@ Regex::Regex(const std::string& pattern, const std::string& where) : impl_(std::
   if (impl_->code == nullptr) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error, message, sizeof message);
-    throw bad_input(where, "regex \"" + pattern + "\" does not compile at offset " + std::to_string(offset) + ": " +
-                               reinterpret_cast<const char*>(message));
+    const std::string reason = reinterpret_cast<const char*>(message);
+    throw bad_input(where, source.empty() || source == pattern
+                               ? "regex \"" + pattern + "\" does not compile at offset " + std::to_string(offset) +
+                                     ": " + reason
+                               : "regex \"" + source + "\" does not compile: " + reason + " (at offset " +
+                                     std::to_string(offset) + " of its PCRE2 translation \"" + pattern + "\")");
   }
   impl_->jit = pcre2_jit_compile(impl_->code, PCRE2_JIT_COMPLETE) == 0;
 }
@@ -303,9 +311,13 @@ bool Regex::find(std::string_view text, size_t start, size_t* match_begin, size_
                              PCRE2_NO_UTF_CHECK, state.data, state.context);
   if (rc == PCRE2_ERROR_NOMATCH) return false;
   if (rc < 0) {
+    // The text, not the program: a run this pattern cannot split within PCRE2's limits.
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(rc, message, sizeof message);
-    throw runtime_error("tokenizer", std::string("regex match failed: ") + reinterpret_cast<const char*>(message));
+    throw bad_input(impl_->where, "regex \"" + impl_->source + "\" gave up on the text at byte " + std::to_string(start) +
+                                      " of a " + std::to_string(text.size()) + "-byte piece: " +
+                                      reinterpret_cast<const char*>(message) +
+                                      " (a run of characters this pattern cannot split in bounded time)");
   }
   const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(state.data);
   *match_begin = ovector[0];
@@ -379,7 +391,7 @@ std::string translate_escape(const std::string& p, size_t* i, bool fold) {
 }
 
 // A bracketed class starting at pattern[*i] == '['; advances past its ']'.
-std::string translate_class(const std::string& p, size_t* i, bool fold, const std::string& original) {
+std::string translate_class(const std::string& p, size_t* i, bool fold, const std::string& where) {
   std::string out = "[";
   size_t k = *i + 1;
   if (k < p.size() && p[k] == '^') {
@@ -423,26 +435,27 @@ std::string translate_class(const std::string& p, size_t* i, bool fold, const st
       continue;
     }
     if (c == '[' && p.compare(k, 2, "[:") != 0) {
-      throw bad_input("tokenizer.json", "regex \"" + original +
-                                            "\": nested character classes are not supported");
+      throw bad_input(where, "regex \"" + p + "\": a nested character class at offset " + std::to_string(k) +
+                                 " is not supported");
     }
     if (c == '&' && p.compare(k, 2, "&&") == 0) {
-      throw bad_input("tokenizer.json", "regex \"" + original +
-                                            "\": character-class intersection (&&) is not supported");
+      throw bad_input(where, "regex \"" + p + "\": character-class intersection (&&) at offset " +
+                                 std::to_string(k) + " is not supported");
     }
     if (fold && is_ascii_letter(c)) {
-      throw bad_input("tokenizer.json", "regex \"" + original +
-                                            "\": letters in a class inside (?i:...) are not supported");
+      throw bad_input(where, "regex \"" + p + "\": a letter in a class inside (?i:...) at offset " +
+                                 std::to_string(k) + " is not supported");
     }
     const size_t len = utf8_length(static_cast<unsigned char>(c));
     out += p.substr(k, len);
     k += len;
   }
-  throw bad_input("tokenizer.json", "regex \"" + original + "\": unterminated character class");
+  throw bad_input(where, "regex \"" + p + "\": the character class opened at offset " + std::to_string(*i) +
+                             " is not closed");
 }
 }  // namespace
 
-std::string oniguruma_to_pcre2(const std::string& p) {
+std::string oniguruma_to_pcre2(const std::string& p, const std::string& where) {
   std::string out;
   size_t atom_start = std::string::npos;
   bool last_was_quantifier = false;
@@ -461,7 +474,7 @@ std::string oniguruma_to_pcre2(const std::string& p) {
         emit_atom(translate_escape(p, &i, fold));
         continue;
       case '[':
-        emit_atom(translate_class(p, &i, fold, p));
+        emit_atom(translate_class(p, &i, fold, where));
         continue;
       case '.':
         emit_atom("[^\\n]");
@@ -492,12 +505,12 @@ std::string oniguruma_to_pcre2(const std::string& p) {
           i += 3;
         } else if (p.compare(i, 2, "(?") == 0 && p.compare(i, 3, "(?<") == 0) {
           const size_t close = p.find('>', i);
-          if (close == std::string::npos) throw bad_input("tokenizer.json", "regex \"" + p + "\": bad group name");
+          if (close == std::string::npos)
+            throw bad_input(where, "regex \"" + p + "\": the group name at offset " + std::to_string(i) + " is not closed");
           out += p.substr(i, close + 1 - i);
           i = close + 1;
         } else if (p.compare(i, 2, "(?") == 0) {
-          throw bad_input("tokenizer.json", "regex \"" + p + "\": group syntax at offset " + std::to_string(i) +
-                                                " is not supported");
+          throw bad_input(where, "regex \"" + p + "\": group syntax at offset " + std::to_string(i) + " is not supported");
         } else {
           out += '(';
           ++i;

@@ -52,13 +52,17 @@ const ByteLevelTable& byte_level_table();
 // matches with its own match data.
 class Regex {
  public:
-  // `pattern` in PCRE2 syntax; throws gradguard::Error naming `where` if it does not
-  // compile.
-  Regex(const std::string& pattern, const std::string& where);
+  // `pattern` in PCRE2 syntax; `source` is what the user wrote when `pattern` was
+  // translated from it ("" = the pattern itself), shown in messages. Throws
+  // gradguard::Error (bad input) naming `where`, the source and PCRE2's offset and reason
+  // when it does not compile.
+  Regex(const std::string& pattern, const std::string& where, const std::string& source = "");
   ~Regex();
   Regex(const Regex&) = delete;
   Regex& operator=(const Regex&) = delete;
   // The first match at or after byte `start`: true and [*match_begin, *match_end).
+  // Throws gradguard::Error (bad input) naming `where`, the source and the byte where the
+  // match started when PCRE2 gives up on the text (its match or depth limit).
   bool find(std::string_view text, size_t start, size_t* match_begin, size_t* match_end) const;
 
  private:
@@ -70,7 +74,9 @@ class Regex {
 // into PCRE2 syntax matching as the JavaScript reference's translation does:
 // `\s`/`\S` as Unicode White_Space, `\d` as Nd, `(?i:...)` folding ASCII letters only,
 // `.` not matching a newline.
-std::string oniguruma_to_pcre2(const std::string& pattern);
+// Throws gradguard::Error (bad input) naming `where` and the offset in `pattern` of a
+// construct it cannot translate.
+std::string oniguruma_to_pcre2(const std::string& pattern, const std::string& where = "tokenizer.json");
 // `literal` escaped so PCRE2 matches it verbatim.
 std::string regex_escape(std::string_view literal);
 

@@ -277,6 +277,45 @@ TEST(TokenizerErrors, MalformedModelsAreRefusedWithTheirPlace) {
   EXPECT_NE(load_error(doc).find("model"), std::string::npos);
 }
 
+TEST(TokenizerErrors, RegexErrorsNameTheirPlaceTheirOffsetAndTheText) {
+  // What the translation from Oniguruma cannot take, and what PCRE2 refuses, name the JSON
+  // path, the pattern as written and an offset into it (docs/tokenizers.md).
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"[a&&b]", "regex \"[a&&b]\": character-class intersection (&&) at offset 2 is not supported"},
+      {"(?i:[a])", "regex \"(?i:[a])\": a letter in a class inside (?i:...) at offset 5 is not supported"},
+      {"x[abc", "regex \"x[abc\": the character class opened at offset 1 is not closed"},
+      {"(?<name", "regex \"(?<name\": the group name at offset 0 is not closed"},
+      {"a(?#c)", "regex \"a(?#c)\": group syntax at offset 1 is not supported"},
+      {"(a", "regex \"(a\" does not compile at offset 2: missing closing parenthesis"},
+      {"\\d(", "regex \"\\d(\" does not compile: missing closing parenthesis (at offset 7 of its PCRE2 translation"},
+  };
+  for (const auto& [pattern, expected] : cases) {
+    json doc = small_tokenizer();
+    doc["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"}};
+    const std::string message = load_error(doc);
+    EXPECT_NE(message.find("pre_tokenizer.pattern.Regex: " + expected), std::string::npos) << pattern << "\n" << message;
+  }
+}
+
+TEST(TokenizerErrors, ARegexThatGivesUpOnATextIsBadInputNamingIt) {
+  // Nested quantifiers over a run with no way out backtrack exponentially: PCRE2 stops at
+  // its match limit. That used to be "regex match failed: match limit exceeded" with no
+  // file and no pattern (exit 1); it is the input's problem and says so (exit 2).
+  json doc = small_tokenizer();
+  doc["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(a+)+b"}}}, {"behavior", "Isolated"}};
+  TempDir dir;
+  write_tokenizer(dir, doc);
+  const Tokenizer tokenizer = Tokenizer::load(dir.path());
+  // (The "b" at the end keeps PCRE2 from ruling the match out before trying it.)
+  const std::string text(40, 'a');
+  const std::string message = bad_input_message([&] { tokenizer.encode(text + "cb", false); });
+  EXPECT_NE(message.find("pre_tokenizer.pattern.Regex: regex \"(a+)+b\" gave up on the text at byte 0 of a 42-byte "
+                         "piece"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("limit"), std::string::npos) << message;
+}
+
 TEST(TokenizerErrors, AnIdFarBeyondTheVocabularyIsRefusedBeforeAllocating) {
   // One id of 2,000,000,000 in a 17-entry vocabulary used to size the id table by it and
   // end in std::bad_alloc (exit 1); an added token's 1.5e9 the same.

@@ -69,6 +69,12 @@ class ChatTemplate {
 
   const std::string& where() const;
 
+  // Whether some for loop of the template runs over a message's content (`{% for part in
+  // message.content %}`, `message['content']`, through any filter): such a template takes
+  // the list-of-parts form ([{"type": "text", "text": ...}], OpenAI's and HF's multimodal
+  // messages) itself; one that does not expects a string (data/sft.h joins the parts).
+  bool iterates_message_content() const;
+
  private:
   explicit ChatTemplate(std::shared_ptr<const chat_detail::Template> impl)
       : impl_(std::move(impl)) {}
