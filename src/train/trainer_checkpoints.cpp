@@ -3,7 +3,7 @@
 // (with the optimizer shards of every rank), rolling back to the newest good one, and the
 // result a resumed run starts from. Owns, in Trainer::State, start_step, complete,
 // resume_notes and last_checkpoint; the constructor (trainer_setup.cpp) calls
-// open_for_resume() and resume(), the loop (trainer.cpp) save() and rollback().
+// resume_candidates() and resume(), the loop (trainer.cpp) save() and rollback().
 #include <filesystem>
 #include <limits>
 #include <sstream>
@@ -123,13 +123,10 @@ torch::Tensor from_hex(const std::string& hex, const std::string& where) {
 
 }  // namespace
 
-std::vector<std::string> Trainer::State::open_for_resume(const std::string& run_dir) {
-  run = RunDir(run_dir);
+std::vector<std::string> Trainer::State::resume_candidates() {
   if (!main_rank()) return {};
-  // Nothing of the run is read, let alone changed, before the lock is ours.
-  lock = RunLock(run_dir);
   std::vector<std::string> rejected;
-  auto candidates = checkpoint::resumable_checkpoints(run_dir, &rejected);
+  auto candidates = checkpoint::resumable_checkpoints(run.root(), &rejected);
   for (const auto& r : rejected) resume_notes.push_back("skipped checkpoint: " + r);
   return candidates;
 }

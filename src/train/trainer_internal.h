@@ -106,9 +106,9 @@ struct Trainer::State {
   void agree(const std::string& phase, const std::exception_ptr& error);
 
   // ---- checkpoints (trainer_checkpoints.cpp) ----
-  // `run_dir` becomes the run; rank 0 takes its lock and returns the checkpoints whose
-  // files verify, newest first (the others: none). Before the ranks agree on setup.
-  std::vector<std::string> open_for_resume(const std::string& run_dir);
+  // The run's checkpoints whose files verify, newest first, on rank 0 (which holds the
+  // run's lock); none on the others. Before the ranks agree on setup.
+  std::vector<std::string> resume_candidates();
   // Rank 0 restores the newest of `candidates` whose state checks out, every rank agrees
   // and loads the same one; sets start_step, complete, last_checkpoint. Collective.
   void resume(const std::string& run_dir, const std::vector<std::string>& candidates);

@@ -81,7 +81,10 @@ Trainer::Trainer(config::Config config, std::FILE* out, const std::string& resum
   try {
     s_->build();
     if (!resume_run_dir.empty()) {
-      candidates = s_->open_for_resume(resume_run_dir);
+      s_->run = RunDir(resume_run_dir);
+      // Nothing of the run is read, let alone changed, before the lock is ours.
+      if (s_->main_rank()) s_->lock = RunLock(resume_run_dir);
+      candidates = s_->resume_candidates();
     } else if (s_->main_rank()) {
       s_->create_run_dir();
     }
