@@ -50,7 +50,9 @@ std::vector<std::string> text_parts(const ojson& content, const std::string& at)
   for (size_t j = 0; j < content.size(); ++j) {
     const ojson& part = content[j];
     const std::string here = at + ".content[" + std::to_string(j) + "]";
-    if (!part.is_object()) throw bad_input(here, std::string("must be a {\"type\": \"text\", \"text\": ...} part, got ") + part.type_name());
+    if (!part.is_object())
+      throw bad_input(here, std::string("must be a {\"type\": \"text\", \"text\": ...} part, got ") +
+                                part.type_name());
     const auto type = part.find("type");
     if (type == part.end() || !type->is_string()) throw bad_input(here, "has no string \"type\"");
     if (*type != "text")

@@ -5,11 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 
 #include "gradguard/config/config.h"
 #include "gradguard/core/compat.h"
 #include "gradguard/core/error.h"
+#include "gradguard/core/meminfo.h"
 
 namespace gradguard::train {
 namespace {
@@ -155,19 +155,11 @@ Suggestion suggest(PlanInputs in, double bytes) {
 }
 
 std::optional<double> host_bytes_available() {
-  std::ifstream in("/proc/meminfo");
-  if (!in) return std::nullopt;
-  double available = -1, swap_free = -1;
-  std::string key;
-  double kib = 0;
-  std::string unit;
-  while (in >> key >> kib) {
-    std::getline(in, unit);
-    if (key == "MemAvailable:") available = kib * 1024;
-    if (key == "SwapFree:") swap_free = kib * 1024;
-  }
-  if (available < 0) return std::nullopt;
-  return available + std::max(swap_free, 0.0);
+  const auto meminfo = read_meminfo();
+  if (!meminfo) return std::nullopt;
+  const auto available = meminfo->find("MemAvailable"), swap_free = meminfo->find("SwapFree");
+  if (available == meminfo->end()) return std::nullopt;
+  return available->second + (swap_free == meminfo->end() ? 0.0 : std::max(swap_free->second, 0.0));
 }
 
 void check_fits_this_machine(const PlanInputs& in, int64_t local_ranks, const std::string& where) {

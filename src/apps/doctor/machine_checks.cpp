@@ -18,6 +18,7 @@
 
 #include "doctor_internal.h"
 #include "gradguard/core/allocator.h"
+#include "gradguard/core/meminfo.h"
 #include "gradguard/core/threads.h"
 
 namespace gradguard::doctor {
@@ -106,15 +107,13 @@ Check check_load(int64_t cores) {
 }
 
 Check check_memory() {
-  auto text = read_text("/proc/meminfo");
-  if (!text) return make_check("memory", Status::kSkip, "/proc/meminfo unreadable");
-  auto kib = [&](const std::string& key) {
-    const size_t at = text->find(key + ":");
-    return at == std::string::npos
-               ? NAN
-               : std::strtod(text->c_str() + at + key.size() + 1, nullptr) * 1024.0;
+  const auto meminfo = read_meminfo();
+  if (!meminfo) return make_check("memory", Status::kSkip, "/proc/meminfo unreadable");
+  auto bytes = [&](const std::string& key) {
+    const auto it = meminfo->find(key);
+    return it == meminfo->end() ? NAN : it->second;
   };
-  const double total = kib("MemTotal"), available = kib("MemAvailable");
+  const double total = bytes("MemTotal"), available = bytes("MemAvailable");
   if (std::isnan(total) || std::isnan(available))
     return make_check("memory", Status::kSkip, "no MemAvailable");
   Check c = make_check("memory", Status::kPass,
