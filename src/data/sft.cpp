@@ -4,6 +4,7 @@
 #include "gradguard/data/sft.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -127,16 +128,86 @@ std::string render(const ChatTemplate& chat, const Tokenizer& tokenizer, const o
 }
 
 // End of the first special token's text in text[from, ...), npos when there is none.
-// Whether a prefix holds one is monotone in its length: binary search on it.
-size_t end_of_first_special(const Tokenizer& tokenizer, const std::string& text, size_t from) {
-  const std::string_view rest = std::string_view(text).substr(from);
-  if (!tokenizer.contains_special_text(rest)) return std::string::npos;
+// Whether a prefix holds one is monotone in its length: binary search on it, inside the
+// shortest doubling window that holds one (the token is near, the text may be long: a
+// search over the whole rest per turn would make a long conversation quadratic).
+// `none_from` (optional) remembers the first `from` past which the text holds none.
+size_t end_of_first_special(const Tokenizer& tokenizer, const std::string& text, size_t from,
+                            size_t* none_from = nullptr) {
+  if (none_from != nullptr && from >= *none_from) return std::string::npos;
+  const std::string_view all = std::string_view(text).substr(from);
+  std::string_view rest = all.substr(0, 256);
+  while (!tokenizer.contains_special_text(rest)) {
+    if (rest.size() == all.size()) {
+      if (none_from != nullptr) *none_from = from;
+      return std::string::npos;
+    }
+    rest = all.substr(0, 2 * rest.size());
+  }
   size_t lo = 0, hi = rest.size();  // rest[0, hi) holds one, rest[0, lo) does not
   while (hi - lo > 1) {
     const size_t mid = lo + (hi - lo) / 2;
     (tokenizer.contains_special_text(rest.substr(0, mid)) ? hi : lo) = mid;
   }
   return from + hi;
+}
+
+// Where the text of assistant message i's content ends in `text`, searching from `from`
+// (its prompt's end): the end of the content's last text, or `from` when it has none or
+// the template changed it past recognition.
+size_t content_end(const std::string& text, const ojson& message, size_t from) {
+  const std::string content = last_text(message);
+  if (content.empty()) return from;
+  const size_t at = text.find(content, from);
+  return at == std::string::npos ? from : at + content.size();
+}
+
+ojson slice(const ojson& messages, size_t begin, size_t end) {
+  return ojson(messages.begin() + static_cast<std::ptrdiff_t>(begin), messages.begin() + static_cast<std::ptrdiff_t>(end));
+}
+
+// One assistant turn of the whole rendering: its prompt ends at prompt_end, the trained
+// text runs to end.
+struct DelimitedTurn {
+  size_t index = 0;  // in messages
+  size_t round = 0;  // the first message after the assistant turn before it (or after the system message)
+  size_t prompt_end = 0, end = 0;
+};
+
+// The end of assistant turn i's prompt in `full`, from a rendering of the recent rounds
+// only: the system message (if any), then messages from the round of the previous
+// delimited turn `prev` to i. That rendering must give `prev`'s turn the same text as the
+// whole conversation does, and what follows it must be the whole rendering's text at the
+// same place; then the prompt of i ends where that text ends. Nullopt when the template
+// renders the window differently (a turn counter, a system prompt moved to the last user
+// message): the caller renders the whole prefix. Cost: the length of the window, so a
+// long conversation splits in linear time.
+std::optional<size_t> prompt_end_from_window(const ChatTemplate& chat, const Tokenizer& tokenizer,
+                                             const ojson& record, const ojson& messages, const std::string& full,
+                                             size_t head, const DelimitedTurn& prev, size_t i,
+                                             const std::string& where) {
+  if (prev.round <= head) return std::nullopt;  // the window is the whole prefix
+  ojson window = slice(messages, 0, head);
+  for (size_t k = prev.round; k < prev.index; ++k) window.push_back(messages[k]);
+  std::string prev_prompt, text;
+  try {
+    prev_prompt = render(chat, tokenizer, record, window, true, where);
+    for (size_t k = prev.index; k < i; ++k) window.push_back(messages[k]);
+    text = render(chat, tokenizer, record, window, true, where);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  if (!starts_with(text, prev_prompt)) return std::nullopt;
+  const size_t prev_end = end_of_first_special(tokenizer, text, content_end(text, messages[prev.index], prev_prompt.size()));
+  if (prev_end == std::string::npos) return std::nullopt;
+  const size_t turn_length = prev.end - prev.prompt_end;
+  if (prev_end - prev_prompt.size() != turn_length ||
+      text.compare(prev_prompt.size(), turn_length, full, prev.prompt_end, turn_length) != 0) {
+    return std::nullopt;
+  }
+  const size_t tail = text.size() - prev_end;
+  if (full.compare(prev.end, tail, text, prev_end, tail) != 0) return std::nullopt;
+  return prev.end + tail;
 }
 
 EncodedSample encode_chat(const Tokenizer& tokenizer, const ChatTemplate* chat, const ojson& record, TrainOn train_on,
@@ -152,37 +223,42 @@ EncodedSample encode_chat(const Tokenizer& tokenizer, const ChatTemplate* chat, 
     append_piece(tokenizer, full, 0, full.size(), true, out);
     return out;
   }
-  size_t pos = 0;  // full[0, pos) is encoded
   const size_t n = messages.size();
+  const size_t head = messages[0]["role"] == "system" ? 1 : 0;
+  size_t pos = 0;        // full[0, pos) is encoded
+  size_t none_from = std::string::npos;  // full holds no special token from here on
+  size_t round = head;   // the first message after the last assistant turn
+  std::optional<DelimitedTurn> prev;  // the assistant turn before, when it was delimited
   for (size_t i = 0; i < n; ++i) {
     if (messages[i]["role"] != "assistant") continue;
-    const ojson before(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(i));
-    std::string prompt;
-    try {
-      prompt = render(*chat, tokenizer, record, before, true, where);
-    } catch (const Error&) {
-      ++out.undelimited_turns;  // e.g. a template that refuses a conversation without a user turn
-      continue;
+    const size_t this_round = round;
+    round = i + 1;
+    std::optional<size_t> prompt_end;
+    if (prev) prompt_end = prompt_end_from_window(*chat, tokenizer, record, messages, full, head, *prev, i, where);
+    if (!prompt_end) {
+      try {
+        const std::string prompt = render(*chat, tokenizer, record, slice(messages, 0, i), true, where);
+        if (starts_with(full, prompt) && prompt.size() >= pos) prompt_end = prompt.size();
+      } catch (const Error&) {
+        // e.g. a template that refuses a conversation without a user turn: undelimited
+      }
     }
-    if (!starts_with(full, prompt) || prompt.size() < pos) {
+    prev.reset();
+    if (!prompt_end) {
       ++out.undelimited_turns;
       continue;
     }
     // The turn ends with the first special token after its content (<|im_end|>,
     // <|eot_id|>, </s>, <end_of_turn>): what the model must generate to stop.
-    size_t from = prompt.size();
-    if (const std::string content = last_text(messages[i]); !content.empty()) {
-      const size_t at = full.find(content, prompt.size());
-      if (at != std::string::npos) from = at + content.size();
-    }
-    const size_t end = end_of_first_special(tokenizer, full, from);
+    const size_t end = end_of_first_special(tokenizer, full, content_end(full, messages[i], *prompt_end), &none_from);
     if (end == std::string::npos && i + 1 != n) {
       ++out.undelimited_turns;
       continue;
     }
-    append_piece(tokenizer, full, pos, prompt.size(), false, out);
+    append_piece(tokenizer, full, pos, *prompt_end, false, out);
     pos = end == std::string::npos ? full.size() : end;
-    append_piece(tokenizer, full, prompt.size(), pos, true, out);
+    append_piece(tokenizer, full, *prompt_end, pos, true, out);
+    prev = DelimitedTurn{i, this_round, *prompt_end, pos};
   }
   append_piece(tokenizer, full, pos, full.size(), false, out);
   return out;

@@ -175,6 +175,73 @@ TEST(SftPrepare, ChatTurnsThroughTheTemplate) {
   EXPECT_EQ(r.undelimited_turns, 0);
 }
 
+// A conversation of `exchanges` user/assistant rounds after a system message, as one
+// JSONL line: user k asks "q<k>", assistant k answers "a<k>".
+std::string long_chat(int exchanges) {
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  messages.push_back({{"role", "system"}, {"content", "be"}});
+  for (int k = 0; k < exchanges; ++k) {
+    messages.push_back({{"role", "user"}, {"content", "q" + std::to_string(k)}});
+    messages.push_back({{"role", "assistant"}, {"content", "a" + std::to_string(k)}});
+  }
+  return nlohmann::ordered_json{{"messages", messages}}.dump() + "\n";
+}
+
+// Later turns are delimited from a rendering of the recent rounds (linear in the
+// conversation's length); the split is the one the whole prefixes give.
+TEST(SftPrepare, LongConversationsSplitLikeTheirPrefixes) {
+  TempDir dir;
+  write_char_tokenizer(dir, kTinyTemplate);
+  write_text(dir.file("c.jsonl"), long_chat(300));
+  const PrepareResult r = prepare_dataset(sft_options(dir, "c.jsonl"));
+  EXPECT_EQ(r.undelimited_turns, 0);
+  const TokenFile file(r.train_path, 97);
+  const Tokenizer tokenizer = Tokenizer::load(dir.file("tok"));
+  std::vector<std::string> expected;
+  for (int k = 0; k < 300; ++k) expected.push_back("a" + std::to_string(k) + "<end>");
+  EXPECT_EQ(trained_spans(file, tokenizer, true), expected);
+}
+
+// A template whose text depends on the whole history (a turn counter) renders the
+// recent rounds differently from the conversation: those turns take the whole prefix,
+// and the split is the same.
+TEST(SftPrepare, TemplatesThatCountTurnsRenderWholePrefixes) {
+  TempDir dir;
+  write_char_tokenizer(dir,
+                       "{% for m in messages %}{{ loop.index }}{{ m['role'] }}:{{ m['content'] }}<end>{% endfor %}"
+                       "{% if add_generation_prompt %}{{ messages | length + 1 }}assistant:{% endif %}");
+  write_text(dir.file("c.jsonl"), long_chat(12));
+  const PrepareResult r = prepare_dataset(sft_options(dir, "c.jsonl"));
+  EXPECT_EQ(r.undelimited_turns, 0);
+  const TokenFile file(r.train_path, 97);
+  const Tokenizer tokenizer = Tokenizer::load(dir.file("tok"));
+  std::vector<std::string> expected;
+  for (int k = 0; k < 12; ++k) expected.push_back("a" + std::to_string(k) + "<end>");
+  EXPECT_EQ(trained_spans(file, tokenizer, true), expected);
+  const std::string all = text_of(tokenizer, std::vector<int32_t>(file.data(), file.data() + file.size()), true);
+  EXPECT_THAT(all, HasSubstr("<end>24user:q11<end>25assistant:a11<end>"));
+}
+
+// A template that moves the system prompt into the last user message (as some Mistral
+// templates do) makes no earlier prompt a prefix of the conversation: those turns stay
+// untrained and counted, however the split is computed; the last is delimited.
+TEST(SftPrepare, TemplatesThatMoveTextToTheEndLeaveEarlierTurnsUndelimited) {
+  TempDir dir;
+  write_char_tokenizer(dir,
+                       "{% set ns = namespace(last=0) %}{% for m in messages %}{% if m['role'] == 'user' %}"
+                       "{% set ns.last = loop.index0 %}{% endif %}{% endfor %}"
+                       "{% for m in messages %}{% if m['role'] != 'system' %}{{ m['role'] }}:"
+                       "{% if loop.index0 == ns.last %}{{ messages[0]['content'] }} {% endif %}"
+                       "{{ m['content'] }}<end>{% endif %}{% endfor %}"
+                       "{% if add_generation_prompt %}assistant:{% endif %}");
+  write_text(dir.file("c.jsonl"), long_chat(5));
+  const PrepareResult r = prepare_dataset(sft_options(dir, "c.jsonl"));
+  EXPECT_EQ(r.undelimited_turns, 4);
+  const TokenFile file(r.train_path, 97);
+  const Tokenizer tokenizer = Tokenizer::load(dir.file("tok"));
+  EXPECT_EQ(trained_spans(file, tokenizer, true), std::vector<std::string>{"a4<end>"});
+}
+
 // A content given as a list of text parts: joined by "\n" for a template that expects a
 // string (no Python-looking list in the text), kept as a list for one that loops over it;
 // the turns are trained the same way either way.
@@ -397,6 +464,21 @@ TEST_F(RealChatTemplates, Llama3) {
             "<|end_header_id|>\n\nQuestion one?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nAnswer one."
             "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nQuestion two?<|eot_id|><|start_header_id|>assistant"
             "<|end_header_id|>\n\nAnswer two.<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+// A long conversation through the real templates: every turn is delimited and trained
+// as in the short one above (jinja2's rendering: Qwen3 gives the empty think block to
+// the turn after the last user message only).
+TEST_F(RealChatTemplates, LongConversations) {
+  write_text(dir_.file("c.jsonl"), long_chat(200));
+  std::vector<std::string> qwen3, llama3;
+  for (int k = 0; k < 200; ++k) {
+    const std::string answer = "a" + std::to_string(k);
+    qwen3.push_back((k == 199 ? "<think>\n\n</think>\n\n" : "") + answer + "<|im_end|>");
+    llama3.push_back(answer + "<|eot_id|>");
+  }
+  EXPECT_EQ(spans("tokenizer-qwen3"), qwen3);
+  EXPECT_EQ(spans("tokenizer-llama3"), llama3);
 }
 
 // ---- rows -----------------------------------------------------------------------------

@@ -22,7 +22,9 @@
 // added: the template writes them), which is how the model sees a prompt and then its own
 // answer when it generates. A turn that cannot be delimited so (its prompt rendered alone
 // is not a prefix of the conversation, or the template refuses it) stays untrained and
-// is counted.
+// is counted. A turn after a delimited one is found from the recent rounds only, checked
+// against the whole rendering (docs/data.md), so a long conversation splits in linear
+// time.
 #pragma once
 
 #include <cstdint>
