@@ -146,6 +146,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                  d[py::str((*o.layer_names)[k])] = norms[k];
                                return d;
                              })
+      .def_property_readonly("grad_norm_forecast",
+                             [](const O& o) -> py::object {
+                               const auto& f = o.outcome.verdict.forecast;
+                               if (!f.ready) return py::none();
+                               py::dict d;
+                               d["expected"] = f.expected;
+                               d["low"] = f.low;
+                               d["high"] = f.high;
+                               return d;
+                             })
+      .def_property_readonly("forecast_breach", [](const O& o) { return o.outcome.verdict.forecast.breach; })
+      .def_property_readonly("forecast_breach_layers",
+                             [](const O& o) { return o.outcome.verdict.forecast_layers; })
       .def_property_readonly("anomalies", [](const O& o) { return o.outcome.verdict.anomalies; })
       .def_property_readonly("critical", [](const O& o) { return o.outcome.verdict.critical(); })
       .def_property_readonly("action",

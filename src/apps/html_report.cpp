@@ -69,6 +69,15 @@ struct StepColumns {
     step.push_back(s);
     for (const char* f : kFields) columns[f].push_back(number_or_nan(line, f));
     columns["elapsed_s"].back() = clock.continuous(columns["elapsed_s"].back());
+    // The gradient-norm forecast (guard/forecast.h): its band, and the norm where it breached upward.
+    const auto forecast = line.find("grad_norm_forecast");
+    const bool has_forecast = forecast != line.end() && forecast->is_object();
+    for (const char* f : {"expected", "low", "high"})
+      columns[std::string("forecast_") + f].push_back(has_forecast ? number_or_nan(*forecast, f) : kNaN);
+    const auto breach = line.find("forecast_breach");
+    columns["forecast_breach"].push_back(breach != line.end() && breach->is_number() && breach->get<int>() > 0
+                                             ? columns["grad_norm"].back()
+                                             : kNaN);
     const auto sk = line.find("skipped");
     skipped.push_back(sk != line.end() && sk->is_boolean() && sk->get<bool>());
     const size_t row = step.size() - 1;

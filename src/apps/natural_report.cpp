@@ -87,6 +87,11 @@ RunMetrics analyse_run(const std::string& path) {
     }
     if (!j.contains("loss")) continue;
     ++m.steps;
+    if (j.contains("grad_norm_forecast")) ++m.judged;
+    if (j.contains("forecast_breach") && j["forecast_breach"] == 1) {
+      ++m.breaches;
+      if (m.first_breach < 0 || step < m.first_breach) m.first_breach = step;
+    }
     if (bool_field(j, "skipped")) ++m.skipped;
     const double l = j["loss"].is_number() ? j["loss"].get<double>() : kInf;
     if (!std::isfinite(l)) nonfinite = true;
@@ -101,6 +106,7 @@ RunMetrics analyse_run(const std::string& path) {
     if (step < kExcursionSteps) peak = std::max(peak, std::isfinite(l) ? l : kInf);
     if (step < kCurveSteps) m.curve.push_back(std::isfinite(l) ? l : kNaN);
     if (m.back_at < 0 && step >= 1 && l <= m.initial_loss) m.back_at = step;
+    if (m.onset < 0 && step >= 1 && !(l <= m.initial_loss + kOnsetMargin)) m.onset = step;
   }
   m.excursion = peak - m.initial_loss;
   double sum = 0;
@@ -235,6 +241,63 @@ void NaturalReport::summarise() {
   }
 }
 
+namespace {
+
+// The gradient-norm forecast as a precursor of loss excursions (natural.h), per learning
+// rate over every setup and seed of the scenario.
+std::string precursor_table(const NaturalReport& r, const std::string& scenario) {
+  std::ostringstream md;
+  md << "### The gradient-norm forecast as a precursor (all setups and seeds)\n\n"
+     << "Onset: the first step whose train loss is " << fmt(kOnsetMargin, "%.2f")
+     << " above the initial. A breach (the gradient norm above its forecast band, `guard.forecast_zscore` 4) "
+        "warns when it comes at least one step before the onset; in a run without an onset it is a false "
+        "alarm.\n\n"
+     << "| lr | runs | with an onset | onset step (median) | warned ≥ 1 step ahead (median lead) | breach at the onset "
+        "| breach later or none | runs without an onset | of them with a breach | breaches per 100 judged steps "
+        "(runs without an onset) |\n|---|---|---|---|---|---|---|---|---|---|\n";
+  auto median = [](std::vector<double> v) {
+    if (v.empty()) return kNaN;
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  };
+  for (double lr : r.lrs) {
+    int64_t runs = 0, onsets = 0, warned = 0, at = 0, late = 0, stable = 0, alarmed = 0, breaches = 0, judged = 0;
+    std::vector<double> onset_steps, leads;
+    for (const auto& run : r.runs) {
+      if (run.scenario != scenario || run.lr != lr || run.failed) continue;
+      ++runs;
+      const auto& m = run.m;
+      if (m.onset >= 0) {
+        ++onsets;
+        onset_steps.push_back(static_cast<double>(m.onset));
+        if (m.first_breach >= 0 && m.first_breach < m.onset) {
+          ++warned;
+          leads.push_back(static_cast<double>(m.onset - m.first_breach));
+        } else if (m.first_breach == m.onset) {
+          ++at;
+        } else {
+          ++late;
+        }
+      } else {
+        ++stable;
+        alarmed += m.breaches > 0;
+        breaches += m.breaches;
+        judged += m.judged;
+      }
+    }
+    if (runs == 0) continue;
+    md << "| " << lr_label(lr) << " | " << runs << " | " << onsets << " | " << fmt(median(onset_steps), "%.0f") << " | "
+       << warned << (leads.empty() ? "" : " (" + fmt(median(leads), "%.0f") + ")") << " | " << at << " | " << late
+       << " | " << stable << " | " << alarmed << " | "
+       << (judged > 0 ? fmt(100.0 * static_cast<double>(breaches) / static_cast<double>(judged), "%.1f") : "-")
+       << " |\n";
+  }
+  md << "\n";
+  return md.str();
+}
+
+}  // namespace
+
 std::string NaturalReport::markdown() const {
   std::ostringstream md;
   md << "# gradguard bench natural (" << mode << ")\n\n"
@@ -314,6 +377,7 @@ std::string NaturalReport::markdown() const {
       }
     }
     if (any) md << "\n";
+    md << precursor_table(*this, scenario);
   }
   bool failed_header = false;
   for (const auto& run : runs)
@@ -381,7 +445,11 @@ nlohmann::ordered_json NaturalReport::to_json() const {
                          {"diverged", r.m.diverged},
                          {"steps", r.m.steps},
                          {"skipped", r.m.skipped},
-                         {"curve", curve}});
+                         {"curve", curve},
+                         {"onset", r.m.onset},
+                         {"first_breach", r.m.first_breach},
+                         {"breaches", r.m.breaches},
+                         {"judged_steps", r.m.judged}});
   }
   return j;
 }

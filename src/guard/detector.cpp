@@ -198,6 +198,8 @@ AnomalyDetector::AnomalyDetector(const GuardOptions& options, std::vector<std::s
   w_.layer_mean.assign(layer_names_.size(), 0.0);
   w_.layer_var.assign(layer_names_.size(), 0.0);
   w_.layer_since.assign(layer_names_.size(), -1);
+  w_.norm_forecast = NormForecaster(options_.forecast_zscore);
+  w_.layer_forecasts.assign(layer_names_.size(), NormForecaster(options_.forecast_zscore));
 }
 
 double AnomalyDetector::loss_mean() const { return mean_of(w_.losses); }
@@ -256,12 +258,17 @@ void AnomalyDetector::absorb(const StepObservation& obs) {
     w_.layer_var[k] = (1 - a) * (w_.layer_var[k] + a * d * d);
   }
   ++w_.layer_count;
+  w_.norm_forecast.absorb(obs.grad_norm);
+  for (size_t k = 0; k < layer_names_.size(); ++k) w_.layer_forecasts[k].absorb(obs.layer_norms[k]);
 }
 
 Verdict AnomalyDetector::observe(const StepObservation& obs) {
   TORCH_INTERNAL_ASSERT(obs.layer_norms.size() == layer_names_.size());
   RuleContext ctx = scan_layers(obs);  // first: every critical verdict names the outlying layers
   Verdict v;
+  v.forecast = w_.norm_forecast.judge(obs.grad_norm);
+  for (size_t k = 0; k < layer_names_.size(); ++k)
+    if (w_.layer_forecasts[k].judge(obs.layer_norms[k]).breach > 0) v.forecast_layers.push_back(layer_names_[k]);
   for (const DetectorRule rule : kDetectorRules) {
     ctx.found = v.anomalies.size();
     if (auto a = rule(obs, ctx, w_)) v.anomalies.push_back(std::move(*a));
@@ -284,7 +291,13 @@ nlohmann::json AnomalyDetector::state_dict() const {
   return {{"losses", w_.losses},           {"norms", w_.norms},             {"layer_mean", w_.layer_mean},
           {"layer_var", w_.layer_var},     {"layer_since", w_.layer_since}, {"layer_count", w_.layer_count},
           {"backoffs", w_.backoffs},       {"skip_run", w_.skip_run},       {"applied_once", w_.applied_once},
-          {"explode_run", w_.explode_run}};
+          {"explode_run", w_.explode_run}, {"forecast", forecast_state()}};
+}
+
+nlohmann::json AnomalyDetector::forecast_state() const {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const auto& f : w_.layer_forecasts) layers.push_back(f.state_dict());
+  return {{"global", w_.norm_forecast.state_dict()}, {"layers", layers}};
 }
 
 void AnomalyDetector::load_state_dict(const nlohmann::json& s, const std::string& where) {
@@ -304,6 +317,19 @@ void AnomalyDetector::load_state_dict(const nlohmann::json& s, const std::string
   const auto backoffs = r.integers("backoffs", 0);
   const int64_t skip_run = r.integer("skip_run", 0), explode_run = r.integer("explode_run", 0);
   const bool applied_once = r.boolean("applied_once");
+  // The forecasters (absent from states written before they existed: they start afresh).
+  NormForecaster norm_forecast(options_.forecast_zscore);
+  std::vector<NormForecaster> layer_forecasts(layers, NormForecaster(options_.forecast_zscore));
+  if (r.has("forecast")) {
+    const std::string path = "guard.detector.forecast";
+    const JsonReader f = r.object("forecast");
+    norm_forecast.load_state_dict(f.raw("global"), where, path + ".global");
+    const nlohmann::json& list = f.raw("layers");
+    if (!list.is_array() || list.size() != layers)
+      f.fail("layers", "must describe the model's " + std::to_string(layers) + " layer groups, got " + describe(list));
+    for (size_t k = 0; k < layers; ++k)
+      layer_forecasts[k].load_state_dict(list[k], where, path + ".layers[" + std::to_string(k) + "]");
+  }
   // Everything checked: now apply it.
   w_.losses.assign(losses.begin(), losses.end());
   w_.norms.assign(norms.begin(), norms.end());
@@ -315,6 +341,8 @@ void AnomalyDetector::load_state_dict(const nlohmann::json& s, const std::string
   w_.skip_run = skip_run;
   w_.applied_once = applied_once;
   w_.explode_run = explode_run;
+  w_.norm_forecast = norm_forecast;
+  w_.layer_forecasts = std::move(layer_forecasts);
 }
 
 }  // namespace gradguard::guard

@@ -95,6 +95,9 @@ void GuardOptions::validate() const {
   at_least(loss_window, 3, "guard.loss_window");
   if (!(layer_zscore >= 0) || !std::isfinite(layer_zscore))
     throw bad_input("guard.layer_zscore", "must be a finite number >= 0 (0 disables), got " + format_number(layer_zscore));
+  if (!(forecast_zscore >= 0) || !std::isfinite(forecast_zscore))
+    throw bad_input("guard.forecast_zscore",
+                    "must be a finite number >= 0 (0 disables), got " + format_number(forecast_zscore));
   at_least(backoff_limit, 0, "guard.backoff_limit");
   at_least(backoff_window, 1, "guard.backoff_window");
   at_least(skip_streak, 0, "guard.skip_streak");

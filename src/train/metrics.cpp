@@ -75,6 +75,13 @@ void MetricsWriter::write_step(const StepMetrics& m) {
     for (const auto& [name, norm] : m.layer_grad_norms) layers[name] = json_number(norm);
     j["layer_grad_norms"] = layers;
   }
+  if (m.forecast.ready) {
+    j["grad_norm_forecast"] = {{"expected", json_number(m.forecast.expected)},
+                               {"low", json_number(m.forecast.low)},
+                               {"high", json_number(m.forecast.high)}};
+    j["forecast_breach"] = m.forecast.breach;
+  }
+  if (!m.forecast_layers.empty()) j["forecast_breach_layers"] = m.forecast_layers;
   write(j);
 }
 
@@ -92,6 +99,8 @@ StepMetrics step_metrics(const guard::StepOutcome& o, const std::vector<std::str
   m.z_loss = o.z_loss;
   for (size_t k = 0; k < o.stats.layer_norms.size() && k < layer_names.size(); ++k)
     m.layer_grad_norms.emplace_back(layer_names[k], o.stats.layer_norms[k]);
+  m.forecast = o.verdict.forecast;
+  m.forecast_layers = o.verdict.forecast_layers;
   return m;
 }
 

@@ -38,6 +38,10 @@ void write_run(const std::string& dir, bool with_bad_line = false) {
               {"tokens", 1024},     {"tokens_per_s", 1000.0 + s}, {"elapsed_s", 0.5 * (s + 1)}};
     if (s % 3 == 0) j["noise_scale"] = 10.0 + s;
     j["layer_grad_norms"] = {{"embed", 0.1 * (s + 1)}, {"layers.0", layer0}, {"head", 2.0}};
+    if (s >= 2) {  // the forecast has a band from step 2; step 5 breaches it
+      j["grad_norm_forecast"] = {{"expected", 1.0 + s}, {"low", 0.8 + s}, {"high", 1.5 + s}};
+      j["forecast_breach"] = s == 5 ? 1 : 0;
+    }
     m << j.dump() << "\n";
   };
   for (int64_t s = 0; s < 8; ++s) {
@@ -284,6 +288,8 @@ TEST(HtmlReportBrowser, EveryChartDrawsWithoutErrors) {
   }
   EXPECT_EQ(status["charts"]["chart-telemetry-memory"]["series"], 4);  // rss + GPU memory, two ranks
   EXPECT_EQ(status["charts"]["heatmap"]["series"], 3);
+  // grad norm, clip threshold, the forecast, its band's two edges, the breach, clip coef.
+  EXPECT_EQ(status["charts"]["chart-grad"]["series"], 7);
   // The anomalies table links its row to the diagnosis.
   EXPECT_NE(b.dom.find("href=\"#diagnosis-0\""), std::string::npos);
   // The appendix is shown as text (its markup escaped) with its links.

@@ -63,6 +63,29 @@ TEST(NaturalBench, AnalysisOfAShock) {
   EXPECT_TRUE(up.diverged);
   EXPECT_EQ(up.back_at, -1);
 
+  // Onset and forecast breaches: the loss climbs past initial + 0.25 at step 4; the norm
+  // breaches its band (upward) at steps 2 and 5, and once downward (not a warning).
+  std::ostringstream pre;
+  const double losses[] = {2.0, 2.1, 2.2, 2.25, 2.3, 3.0};
+  const int breach[] = {0, 0, 1, -1, 0, 1};
+  for (int s = 0; s < 6; ++s) {
+    nlohmann::json line = {{"step", s}, {"loss", losses[s]}, {"skipped", false}};
+    if (s >= 1) {
+      line["grad_norm_forecast"] = {{"expected", 1.0}, {"low", 0.5}, {"high", 2.0}};
+      line["forecast_breach"] = breach[s];
+    }
+    pre << line.dump() << "\n";
+  }
+  test::write_text(dir.file("pre.jsonl"), pre.str());
+  const auto p = natural::analyse_run(dir.file("pre.jsonl"));
+  EXPECT_EQ(p.onset, 4);  // 2.3 > 2.0 + 0.25
+  EXPECT_EQ(p.first_breach, 2);
+  EXPECT_EQ(p.breaches, 2);
+  EXPECT_EQ(p.judged, 5);
+  EXPECT_EQ(r.onset, 1);  // the shock above
+  EXPECT_EQ(r.first_breach, -1);
+  EXPECT_EQ(n.onset, 1);  // a non-finite loss starts one
+
   test::write_text(dir.file("empty.jsonl"), "{\"step\": 0, \"val_loss\": 1}\n");
   EXPECT_THAT(test::bad_input_message([&] { natural::analyse_run(dir.file("empty.jsonl")); }),
               HasSubstr("holds no step lines"));

@@ -187,38 +187,47 @@ std::string long_chat(int exchanges) {
   return nlohmann::ordered_json{{"messages", messages}}.dump() + "\n";
 }
 
+// The trained spans `prepare` gives long_chat(exchanges) with the character tokenizer
+// and `chat_template`; the turns it could not delimit, and the whole text.
+std::vector<std::string> long_chat_spans(const std::string& chat_template, int exchanges, int64_t* undelimited,
+                                         std::string* all = nullptr) {
+  TempDir dir;
+  write_char_tokenizer(dir, chat_template);
+  write_text(dir.file("c.jsonl"), long_chat(exchanges));
+  const PrepareResult r = prepare_dataset(sft_options(dir, "c.jsonl"));
+  *undelimited = r.undelimited_turns;
+  const TokenFile file(r.train_path, 97);
+  const Tokenizer tokenizer = Tokenizer::load(dir.file("tok"));
+  if (all != nullptr) *all = text_of(tokenizer, std::vector<int32_t>(file.data(), file.data() + file.size()), true);
+  return trained_spans(file, tokenizer, true);
+}
+
+// "a<k><end>" for k in [first, last): assistant turns of long_chat as trained.
+std::vector<std::string> answers(int first, int last) {
+  std::vector<std::string> out;
+  for (int k = first; k < last; ++k) out.push_back("a" + std::to_string(k) + "<end>");
+  return out;
+}
+
 // Later turns are delimited from a rendering of the recent rounds (linear in the
 // conversation's length); the split is the one the whole prefixes give.
 TEST(SftPrepare, LongConversationsSplitLikeTheirPrefixes) {
-  TempDir dir;
-  write_char_tokenizer(dir, kTinyTemplate);
-  write_text(dir.file("c.jsonl"), long_chat(300));
-  const PrepareResult r = prepare_dataset(sft_options(dir, "c.jsonl"));
-  EXPECT_EQ(r.undelimited_turns, 0);
-  const TokenFile file(r.train_path, 97);
-  const Tokenizer tokenizer = Tokenizer::load(dir.file("tok"));
-  std::vector<std::string> expected;
-  for (int k = 0; k < 300; ++k) expected.push_back("a" + std::to_string(k) + "<end>");
-  EXPECT_EQ(trained_spans(file, tokenizer, true), expected);
+  int64_t undelimited = -1;
+  EXPECT_EQ(long_chat_spans(kTinyTemplate, 300, &undelimited), answers(0, 300));
+  EXPECT_EQ(undelimited, 0);
 }
 
 // A template whose text depends on the whole history (a turn counter) renders the
 // recent rounds differently from the conversation: those turns take the whole prefix,
 // and the split is the same.
 TEST(SftPrepare, TemplatesThatCountTurnsRenderWholePrefixes) {
-  TempDir dir;
-  write_char_tokenizer(dir,
-                       "{% for m in messages %}{{ loop.index }}{{ m['role'] }}:{{ m['content'] }}<end>{% endfor %}"
-                       "{% if add_generation_prompt %}{{ messages | length + 1 }}assistant:{% endif %}");
-  write_text(dir.file("c.jsonl"), long_chat(12));
-  const PrepareResult r = prepare_dataset(sft_options(dir, "c.jsonl"));
-  EXPECT_EQ(r.undelimited_turns, 0);
-  const TokenFile file(r.train_path, 97);
-  const Tokenizer tokenizer = Tokenizer::load(dir.file("tok"));
-  std::vector<std::string> expected;
-  for (int k = 0; k < 12; ++k) expected.push_back("a" + std::to_string(k) + "<end>");
-  EXPECT_EQ(trained_spans(file, tokenizer, true), expected);
-  const std::string all = text_of(tokenizer, std::vector<int32_t>(file.data(), file.data() + file.size()), true);
+  int64_t undelimited = -1;
+  std::string all;
+  EXPECT_EQ(long_chat_spans("{% for m in messages %}{{ loop.index }}{{ m['role'] }}:{{ m['content'] }}<end>{% endfor %}"
+                            "{% if add_generation_prompt %}{{ messages | length + 1 }}assistant:{% endif %}",
+                            12, &undelimited, &all),
+            answers(0, 12));
+  EXPECT_EQ(undelimited, 0);
   EXPECT_THAT(all, HasSubstr("<end>24user:q11<end>25assistant:a11<end>"));
 }
 
@@ -226,20 +235,16 @@ TEST(SftPrepare, TemplatesThatCountTurnsRenderWholePrefixes) {
 // templates do) makes no earlier prompt a prefix of the conversation: those turns stay
 // untrained and counted, however the split is computed; the last is delimited.
 TEST(SftPrepare, TemplatesThatMoveTextToTheEndLeaveEarlierTurnsUndelimited) {
-  TempDir dir;
-  write_char_tokenizer(dir,
-                       "{% set ns = namespace(last=0) %}{% for m in messages %}{% if m['role'] == 'user' %}"
-                       "{% set ns.last = loop.index0 %}{% endif %}{% endfor %}"
-                       "{% for m in messages %}{% if m['role'] != 'system' %}{{ m['role'] }}:"
-                       "{% if loop.index0 == ns.last %}{{ messages[0]['content'] }} {% endif %}"
-                       "{{ m['content'] }}<end>{% endif %}{% endfor %}"
-                       "{% if add_generation_prompt %}assistant:{% endif %}");
-  write_text(dir.file("c.jsonl"), long_chat(5));
-  const PrepareResult r = prepare_dataset(sft_options(dir, "c.jsonl"));
-  EXPECT_EQ(r.undelimited_turns, 4);
-  const TokenFile file(r.train_path, 97);
-  const Tokenizer tokenizer = Tokenizer::load(dir.file("tok"));
-  EXPECT_EQ(trained_spans(file, tokenizer, true), std::vector<std::string>{"a4<end>"});
+  int64_t undelimited = -1;
+  EXPECT_EQ(long_chat_spans("{% set ns = namespace(last=0) %}{% for m in messages %}{% if m['role'] == 'user' %}"
+                            "{% set ns.last = loop.index0 %}{% endif %}{% endfor %}"
+                            "{% for m in messages %}{% if m['role'] != 'system' %}{{ m['role'] }}:"
+                            "{% if loop.index0 == ns.last %}{{ messages[0]['content'] }} {% endif %}"
+                            "{{ m['content'] }}<end>{% endif %}{% endfor %}"
+                            "{% if add_generation_prompt %}assistant:{% endif %}",
+                            5, &undelimited),
+            answers(4, 5));
+  EXPECT_EQ(undelimited, 4);
 }
 
 // A content given as a list of text parts: joined by "\n" for a template that expects a

@@ -101,6 +101,25 @@ class OneStep(unittest.TestCase):
         self.assertFalse(out.halt)
         self.assertEqual(set(out.layer_grad_norms), set(guard.layer_names))
         self.assertEqual(guard.layer_names, ["0", "2"])
+        # The forecast needs five healthy steps before it has a band.
+        self.assertIsNone(out.grad_norm_forecast)
+        self.assertEqual(out.forecast_breach, 0)
+        self.assertEqual(out.forecast_breach_layers, [])
+
+    def test_gradient_norm_forecast_has_a_band_after_five_steps(self):
+        model = small_model()
+        guard = gradguard.Guard(model, count_host_reads=True)
+        for step in range(6):
+            model.zero_grad()
+            out = guard.step(step, backward(model), lr=0.0)
+            self.assertEqual(out.host_reads, 1)
+        band = out.grad_norm_forecast
+        self.assertIsNotNone(band)
+        # The same batch each step: the norm sits on its forecast, inside the band.
+        self.assertLess(band["low"], out.grad_norm)
+        self.assertLess(out.grad_norm, band["high"])
+        self.assertAlmostEqual(band["expected"], out.grad_norm, delta=out.grad_norm * 1e-4)
+        self.assertEqual(out.forecast_breach, 0)
 
     def test_nonfinite_gradients_are_skipped(self):
         model = small_model()

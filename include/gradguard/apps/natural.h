@@ -28,6 +28,14 @@
 //   back_at     the first step >= 1 whose train loss is <= initial (-1: never)
 //   final       mean train loss of the last 5 steps; the validation loss at the end
 //   diverged    a non-finite loss, or a final train loss above the initial one
+//   onset       the first step >= 1 whose train loss is above initial + kOnsetMargin or
+//               non-finite (-1: none): where a loss excursion starts
+//   first_breach the first step whose gradient norm is above its forecast band
+//               (metrics' forecast_breach = 1, guard/forecast.h; -1: none); breaches
+//               counts them and judged the steps that had a band at all
+// Precursors (per scenario and learning rate, all setups and seeds): a breach warns of
+// an excursion when it comes at least one step before the onset (lead = onset -
+// first_breach >= 1); a breach in a run without an onset is a false alarm.
 // Per setup and scenario, over the sweep (seed 1, final validation losses):
 //   sensitivity Wortsman et al. 2023 (arXiv 2309.14322, section 3): the mean over the
 //               sweep of min(final, initial) - the setup's best final; a diverged run
@@ -75,7 +83,11 @@ struct RunMetrics {
   bool diverged = false;
   int64_t steps = 0, skipped = 0;
   std::vector<double> curve;  // [step] train loss of the first 30 steps (NaN: non-finite)
+  int64_t onset = -1;
+  int64_t first_breach = -1, breaches = 0, judged = 0;
 };
+
+constexpr double kOnsetMargin = 0.25;  // nats above the initial train loss that start an excursion
 
 // Reads one run. Throws gradguard::Error (bad input) naming the file when it holds no
 // step lines.

@@ -21,6 +21,8 @@
 //                     to jump first, in every critical verdict)
 //   backoff_storm     backoff_limit loss-scale backoffs within backoff_window steps
 //   skip_streak       skip_streak skipped steps in a row
+// Beside the rules, each step's global and per-layer norms are judged against their
+// forecast (forecast.h): Verdict::forecast and forecast_layers, logged, never acted on.
 // The loss and per-layer rules wait for the warmup (the loss falls fastest there) and
 // for a seeded window. Statistics only absorb healthy steps (and a layer's EMA not its
 // outlying values, until they persist for ten steps and become its new level), so a
@@ -38,6 +40,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "gradguard/guard/forecast.h"
 #include "gradguard/guard/guard_options.h"
 
 namespace gradguard::guard {
@@ -65,6 +68,10 @@ struct Anomaly {
 
 struct Verdict {
   std::vector<Anomaly> anomalies;
+  // The gradient norm against its forecast (forecast.h), and the layer groups whose norm
+  // is above their own band: observations, not anomalies.
+  Forecast forecast;
+  std::vector<std::string> forecast_layers;
   bool critical() const;                 // some anomaly is critical: recovery must act
   const Anomaly* primary() const;        // the first critical anomaly (else the first); nullptr when none
 };
@@ -84,6 +91,8 @@ struct DetectorWindows {
   int64_t skip_run = 0;                       // skipped steps in a row (skip_streak's)
   int64_t explode_run = 0;                    // steps in a row above the grad-norm limit (grad_norm's)
   bool applied_once = false;                  // some update has been applied
+  NormForecaster norm_forecast;               // the global norm's (forecast.h)
+  std::vector<NormForecaster> layer_forecasts;  // [layer group]
 };
 
 // What every rule is told about the step besides the observation: the per-layer scan,
@@ -126,6 +135,7 @@ class AnomalyDetector {
   const std::vector<std::string>& layer_names() const { return layer_names_; }
 
   nlohmann::json state_dict() const;
+  nlohmann::json forecast_state() const;  // the "forecast" entry of state_dict()
   // Checks every field before it changes anything; throws gradguard::Error (bad input)
   // naming `where` and the field.
   void load_state_dict(const nlohmann::json& state, const std::string& where = "detector state");

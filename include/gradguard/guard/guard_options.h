@@ -162,6 +162,7 @@ struct GuardOptions {
   double loss_zscore = 6;
   int64_t loss_window = 30;
   double layer_zscore = 6;
+  double forecast_zscore = 4;
   int64_t backoff_limit = 3;
   int64_t backoff_window = 20;
   int64_t skip_streak = 5;
@@ -186,6 +187,9 @@ struct GuardOptions {
     field("loss_window", loss_window, "healthy steps in the loss and grad-norm windows; >= 3");
     field("layer_zscore", layer_zscore,
           "per-layer outlier: z-score of log(layer norm) against the layer's EMA; 0 disables");
+    field("forecast_zscore", forecast_zscore,
+          "band of the gradient-norm forecast, in scale units of log(norm): a norm outside it is a forecast_breach "
+          "in metrics.jsonl (an observation, never acted on); 0 disables");
     field("backoff_limit", backoff_limit, "anomaly: this many loss-scale backoffs within backoff_window; 0 disables");
     field("backoff_window", backoff_window, "steps of the backoff-storm window; >= 1");
     field("skip_streak", skip_streak, "anomaly: this many skipped steps in a row; 0 disables");

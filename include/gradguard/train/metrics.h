@@ -38,6 +38,8 @@ struct StepMetrics {
   double z_loss = std::numeric_limits<double>::quiet_NaN();  // the z-loss term (loss.z_loss); NaN = off
   std::string compute_dtype;  // set while a precision fallback computes wider than amp.dtype
   std::vector<std::pair<std::string, double>> layer_grad_norms;  // [layer group] unscaled L2 norm
+  guard::Forecast forecast;                   // grad_norm against its forecast (guard/forecast.h)
+  std::vector<std::string> forecast_layers;   // layer groups above their own forecast band
 };
 
 // The step fields of a guarded step's outcome (tokens, tokens_per_s and elapsed_s are

@@ -194,6 +194,10 @@
   stepChart("chart-grad", [
     { label: "grad norm", data: T.grad_norm, colour: palette[0], scale: "norm" },
     { label: "clip threshold", data: T.clip_threshold, colour: palette[2], scale: "norm", dash: [6, 4] },
+    { label: "forecast", data: T.forecast_expected, colour: palette[5], scale: "norm", dash: [2, 3] },
+    { label: "forecast band low", data: T.forecast_low, colour: palette[5], scale: "norm", width: 0.75, dash: [1, 3] },
+    { label: "forecast band high", data: T.forecast_high, colour: palette[5], scale: "norm", width: 0.75, dash: [1, 3] },
+    { label: "above the forecast band", data: T.forecast_breach, colour: palette[3], scale: "norm", points: true },
     { label: "clip coef", data: T.clip_coef, colour: palette[3], scale: "coef", width: 1 },
   ], { norm: { label: "L2 norm (log)", log: true }, coef: { label: "clip coefficient", range: [0, 1.05] } });
   stepChart("chart-scale", [{ label: "loss scale", data: T.loss_scale, colour: palette[4] }],
