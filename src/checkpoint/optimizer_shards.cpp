@@ -60,6 +60,61 @@ std::string layout_fingerprint(int64_t world, int64_t shard, const std::vector<s
   return hex;
 }
 
+// Shard `old` of a layout of `world` shards, read and checked for its place: the rank and
+// world size it was written for, and the layout (a swapped or foreign shard, even with a
+// manifest rewritten to match, would have every rank step another's moments). Shards
+// written before the layout key have none.
+SafetensorsContents read_shard(const std::string& dir, int64_t old, int64_t world, const std::string& fingerprint) {
+  const std::string file = dir + "/" + optimizer_shard_file(old, world);
+  if (!fs::exists(file)) throw bad_input(file, "missing: the layout lists " + std::to_string(world) + " shards");
+  auto c = load_safetensors(file);
+  const std::vector<std::pair<const char*, std::string>> expected = {
+      {"rank", std::to_string(old)}, {"world_size", std::to_string(world)}, {"layout", fingerprint}};
+  for (const auto& [key, value] : expected) {
+    const auto it = c.metadata.find(key);
+    if (it != c.metadata.end() && it->second != value)
+      throw bad_input(file, std::string("records ") + key + " " + it->second + " where this file of the layout " +
+                                kOptimizerShardsLayout + " must have " + value +
+                                ": a shard swapped with another or taken from another checkpoint");
+  }
+  return c;
+}
+
+// What a layout file says, checked in itself (not yet against a model).
+struct Layout {
+  int64_t world = 1, total = 0, shard = 0;
+  bool masters = false;
+  std::vector<std::string> names;
+  std::vector<int64_t> numels, steps;
+  std::string fingerprint;
+};
+
+Layout read_layout(const std::string& path, const nlohmann::json& json) {
+  const JsonReader r(json, path);
+  if (r.string("format") != kFormat) r.fail("format", "must be \"" + std::string(kFormat) + "\"");
+  Layout l;
+  l.world = r.integer("world_size", 1, kMaxRanks);
+  l.total = r.integer("total", 0);
+  l.shard = r.integer("shard_size", 0);
+  if (l.shard != (l.total + l.world - 1) / l.world)
+    r.fail("shard_size", "is not ceil(total / world_size) = " + std::to_string((l.total + l.world - 1) / l.world));
+  l.masters = r.boolean("masters");
+  l.numels = r.integers("numels", 0);
+  l.steps = r.integers("steps", 0);
+  const auto& names = r.raw("names");
+  if (!names.is_array() || names.size() != l.numels.size() || l.steps.size() != l.numels.size())
+    r.fail("names", "must list one name per entry of numels and steps");
+  for (const auto& n : names) {
+    if (!n.is_string()) r.fail("names", "must hold strings, got " + describe(n));
+    l.names.push_back(n.get<std::string>());
+  }
+  int64_t sum = 0;
+  for (int64_t n : l.numels) sum += n;
+  if (sum != l.total) r.fail("total", "is " + std::to_string(l.total) + ", the numels add up to " + std::to_string(sum));
+  l.fingerprint = layout_fingerprint(l.world, l.shard, l.names, l.numels);
+  return l;
+}
+
 }  // namespace
 
 void save_optimizer_shard(const std::string& path, optim::ShardedOptimizer& optimizer) {
@@ -90,28 +145,19 @@ nlohmann::ordered_json optimizer_shards_layout(optim::ShardedOptimizer& optimize
 void load_optimizer_shards(const std::string& dir, optim::ShardedOptimizer& opt) {
   const std::string path = dir + "/" + kOptimizerShardsLayout;
   const auto json = read_json_file(path);
+  const Layout saved = read_layout(path, json);
   const JsonReader r(json, path);
-  if (r.string("format") != kFormat) r.fail("format", "must be \"" + std::string(kFormat) + "\"");
-  const int64_t world = r.integer("world_size", 1, kMaxRanks);
-  const int64_t total = r.integer("total", 0);
-  const int64_t shard = r.integer("shard_size", 0);
-  if (shard != (total + world - 1) / world)
-    r.fail("shard_size", "is not ceil(total / world_size) = " + std::to_string((total + world - 1) / world));
-  const bool masters = r.boolean("masters");
-  const auto numels = r.integers("numels", 0);
-  const auto steps = r.integers("steps", 0);
-  const auto& names = r.raw("names");
+  const int64_t world = saved.world, total = saved.total, shard = saved.shard;
+  const bool masters = saved.masters;
   const auto& l = opt.layout();
   // The layout must describe this model's trainable tensors, in order.
-  if (!names.is_array() || names.size() != opt.names().size() || numels.size() != opt.names().size() ||
-      steps.size() != opt.names().size())
-    throw bad_input(path, "describes " + std::to_string(names.is_array() ? names.size() : 0) +
-                              " trainable tensors, this model has " + std::to_string(opt.names().size()) +
-                              ": the optimizer state of another model or LoRA layout");
+  if (saved.names.size() != opt.names().size())
+    throw bad_input(path, "describes " + std::to_string(saved.names.size()) + " trainable tensors, this model has " +
+                              std::to_string(opt.names().size()) + ": the optimizer state of another model or LoRA layout");
   for (size_t t = 0; t < opt.names().size(); ++t) {
-    if (!names[t].is_string() || names[t].get<std::string>() != opt.names()[t] || numels[t] != l.numels[t])
-      throw bad_input(path, "tensor " + std::to_string(t) + " is " + describe(names[t]) + " of " +
-                                std::to_string(numels[t]) + " elements, this model's is \"" + opt.names()[t] +
+    if (saved.names[t] != opt.names()[t] || saved.numels[t] != l.numels[t])
+      throw bad_input(path, "tensor " + std::to_string(t) + " is \"" + saved.names[t] + "\" of " +
+                                std::to_string(saved.numels[t]) + " elements, this model's is \"" + opt.names()[t] +
                                 "\" of " + std::to_string(l.numels[t]) + ": the optimizer state of another model");
   }
   if (total != l.total) r.fail("total", "is " + std::to_string(total) + ", this model has " + std::to_string(l.total));
@@ -138,24 +184,7 @@ void load_optimizer_shards(const std::string& dir, optim::ShardedOptimizer& opt)
     const bool into_weights = masters && !opt.has_masters();
     if (!overlaps && !into_weights) continue;
     const std::string file = dir + "/" + optimizer_shard_file(old, world);
-    if (!fs::exists(file)) throw bad_input(file, "missing: the layout lists " + std::to_string(world) + " shards");
-    const auto c = load_safetensors(file);
-    // Bound to its place: the rank and world size it was written for, and the layout (a
-    // swapped or foreign shard, even with a manifest rewritten to match, would have every
-    // rank step another's moments). Shards written before the layout key have none.
-    std::vector<std::string> saved_names;
-    for (const auto& n : names) saved_names.push_back(n.get<std::string>());
-    const std::vector<std::pair<const char*, std::string>> expected = {
-        {"rank", std::to_string(old)},
-        {"world_size", std::to_string(world)},
-        {"layout", layout_fingerprint(world, shard, saved_names, numels)}};
-    for (const auto& [key, value] : expected) {
-      const auto it = c.metadata.find(key);
-      if (it != c.metadata.end() && it->second != value)
-        throw bad_input(file, std::string("records ") + key + " " + it->second + " where this file of the layout " +
-                                  kOptimizerShardsLayout + " must have " + value +
-                                  ": a shard swapped with another or taken from another checkpoint");
-    }
+    const auto c = read_shard(dir, old, world, saved.fingerprint);
     if (into_weights) opt.set_flat_params(old_b, shard_tensor(c, file, "master", shard).narrow(0, 0, old_e - old_b));
     if (!overlaps) continue;
     const int64_t n = hi - lo;
@@ -165,7 +194,30 @@ void load_optimizer_shards(const std::string& dir, optim::ShardedOptimizer& opt)
       opt.master().narrow(0, lo - b, n).copy_(shard_tensor(c, file, "master", shard).narrow(0, lo - old_b, n));
   }
   if (!masters && opt.has_masters()) opt.params_to_masters();
-  opt.steps().assign(steps.begin(), steps.end());
+  opt.steps().assign(saved.steps.begin(), saved.steps.end());
+}
+
+std::vector<std::pair<std::string, at::Tensor>> load_master_weights(const std::string& dir) {
+  const std::string path = dir + "/" + kOptimizerShardsLayout;
+  if (!fs::exists(path)) return {};
+  const Layout l = read_layout(path, read_json_file(path));
+  if (!l.masters) return {};
+  std::vector<at::Tensor> pieces;
+  for (int64_t old = 0; old < l.world; ++old) {
+    const int64_t old_b = std::min(l.total, old * l.shard), old_e = std::min(l.total, (old + 1) * l.shard);
+    const auto c = read_shard(dir, old, l.world, l.fingerprint);
+    pieces.push_back(shard_tensor(c, dir + "/" + optimizer_shard_file(old, l.world), "master", l.shard)
+                         .narrow(0, 0, old_e - old_b)
+                         .to(torch::kFloat));
+  }
+  const at::Tensor flat = torch::cat(pieces);
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  int64_t at = 0;
+  for (size_t t = 0; t < l.names.size(); ++t) {
+    out.emplace_back(l.names[t], flat.narrow(0, at, l.numels[t]).clone());
+    at += l.numels[t];
+  }
+  return out;
 }
 
 }  // namespace gradguard::checkpoint

@@ -95,6 +95,33 @@ TEST(OptimizerShards, MastersGoIntoTheWeightsOfARunWithoutThem) {
   EXPECT_TRUE(torch::equal(with->master().narrow(0, 0, 35), q[0].second.detach().flatten()));
 }
 
+TEST(OptimizerShards, MasterWeightsAreGatheredFromEveryShardByName) {
+  for (int64_t world : {1, 3}) {
+    test::TempDir dir;
+    save_state(dir.path(), world, true);
+    const auto masters = load_master_weights(dir.path());
+    ASSERT_EQ(masters.size(), 3u);
+    // Flat element k of the whole state holds 1000 + k: a.weight [0, 35), a.norm [35, 40), b.weight [40, 73).
+    EXPECT_EQ(masters[0].first, "a.weight");
+    EXPECT_TRUE(torch::equal(masters[0].second, torch::arange(0, 35, torch::kFloat) + 1000)) << world;
+    EXPECT_EQ(masters[1].first, "a.norm");
+    EXPECT_TRUE(torch::equal(masters[1].second, torch::arange(35, 40, torch::kFloat) + 1000)) << world;
+    EXPECT_EQ(masters[2].first, "b.weight");
+    EXPECT_TRUE(torch::equal(masters[2].second, torch::arange(40, 73, torch::kFloat) + 1000)) << world;
+  }
+  // A state without masters, or no sharded state at all: none.
+  test::TempDir plain, empty;
+  save_state(plain.path(), 2, false);
+  EXPECT_TRUE(load_master_weights(plain.path()).empty());
+  EXPECT_TRUE(load_master_weights(empty.path()).empty());
+  // A missing shard is named.
+  test::TempDir broken;
+  save_state(broken.path(), 2, true);
+  std::filesystem::remove(broken.file(optimizer_shard_file(1, 2)));
+  EXPECT_THAT(test::bad_input_message([&] { load_master_weights(broken.path()); }),
+              HasSubstr(optimizer_shard_file(1, 2) + ": missing"));
+}
+
 TEST(OptimizerShards, AnotherModelOrABrokenShardIsRefusedNamingTheFile) {
   test::TempDir dir;
   save_state(dir.path(), 2, false);

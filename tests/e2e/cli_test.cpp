@@ -13,6 +13,8 @@
 #include <sstream>
 
 #include "gradguard/checkpoint/hf_checkpoint.h"
+#include "gradguard/checkpoint/optimizer_shards.h"
+#include "gradguard/checkpoint/safetensors.h"
 #include "gradguard/data/token_file.h"
 #include "test_util.h"
 
@@ -275,6 +277,46 @@ TEST_F(Cli, ExportWritesALoadableHfDirectory) {
   r = run_cli("export runs/tiny/checkpoints/step-0000004 --out other", dir_.path());
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("step-0000004/config.json"));
+}
+
+// --dtype auto writes the weights the run computed with; fp32 the optimizer's float32
+// masters (here bf16 weights with master_weights, and ZeRO-style shards of one rank).
+TEST_F(Cli, ExportWritesTheWorkingWeightsOrTheFloat32Masters) {
+  const std::string bf16 = "--set memory.weights_dtype=bf16 --set amp.dtype=bf16";
+  ASSERT_EQ(run_cli(train_args("--name masters " + bf16), dir_.path()).exit_code, 0);
+  auto r = run_cli("export runs/masters --out working", dir_.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_cli("export runs/masters --out full --dtype fp32", dir_.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("float32 master weights of"));
+  const auto working = checkpoint::load_safetensors(dir_.file("working/model.safetensors")).tensors;
+  const auto full = checkpoint::load_safetensors(dir_.file("full/model.safetensors")).tensors;
+  const auto masters = checkpoint::load_master_weights(dir_.file("runs/masters/checkpoints/step-0000006"));
+  ASSERT_FALSE(masters.empty());
+  ASSERT_EQ(working.size(), full.size());
+  for (const auto& [name, flat] : masters) {
+    ASSERT_TRUE(full.count(name)) << name;
+    EXPECT_EQ(working.at(name).scalar_type(), torch::kBFloat16) << name;
+    EXPECT_EQ(full.at(name).scalar_type(), torch::kFloat) << name;
+    // The masters bit for bit, and the working weights are the masters rounded.
+    EXPECT_TRUE(torch::equal(full.at(name).flatten(), flat)) << name;
+    EXPECT_TRUE(torch::equal(full.at(name).to(torch::kBFloat16), working.at(name))) << name;
+  }
+  EXPECT_THAT(test::read_text(dir_.file("full/config.json")), HasSubstr("\"torch_dtype\": \"float32\""));
+  // bf16 weights without masters have no float32 weights to write: exit 2 naming --dtype.
+  ASSERT_EQ(run_cli(train_args("--name bare " + bf16 + " --set memory.master_weights=false"), dir_.path()).exit_code, 0);
+  r = run_cli("export runs/bare --out bare --dtype fp32", dir_.path());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--dtype: fp32 writes the optimizer's float32 master weights"));
+  EXPECT_FALSE(std::filesystem::exists(dir_.file("bare/model.safetensors")));
+  // fp32 weights are written as they are.
+  ASSERT_EQ(run_cli(train_args("--name plain"), dir_.path()).exit_code, 0);
+  r = run_cli("export runs/plain --out plain --dtype fp32", dir_.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("float32 weights"));
+  r = run_cli("export runs/plain --out other --dtype fp16", dir_.path());
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("--dtype"));
 }
 
 TEST_F(Cli, InitFromContinuesFromACheckpoint) {

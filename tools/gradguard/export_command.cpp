@@ -11,11 +11,21 @@
 // on top of the merged weights. Checked before success: the merged tensors and the adapter
 // tensors read back bit for bit, and the reloaded merged model's logits on a probe
 // sequence equal the adapted model's to 1e-5 of their largest magnitude.
+//
+// --dtype: `auto` writes the weights the run computed with, in their dtype (the
+// checkpoint's config.json torch_dtype: bf16 weights as bf16, even when the optimizer kept
+// float32 masters; a LoRA export's merged weights are float32, as merging in bf16 would
+// round W + (alpha / r) B A); `fp32` writes the float32 master
+// weights of a run that kept them (memory.master_weights with bf16/fp16 weights, or
+// offload; ZeRO's shards gathered), and the weights as float32 for a run whose weights
+// were float32 already. A low-precision run without masters has no float32 weights to
+// write: exit 2.
 #include <cstdio>
 #include <filesystem>
 
 #include "commands.h"
 #include "gradguard/checkpoint/hf_checkpoint.h"
+#include "gradguard/checkpoint/optimizer_shards.h"
 #include "gradguard/checkpoint/safetensors.h"
 #include "gradguard/checkpoint/trainer_checkpoint.h"
 #include "gradguard/core/error.h"
@@ -25,16 +35,60 @@
 
 namespace gradguard::cli {
 
+namespace {
+
+// The dtype the checkpoint's weights were saved in (config.json torch_dtype; float32 when
+// it names none).
+at::ScalarType checkpoint_dtype(const std::string& dir) {
+  const auto config = read_json_file(dir + "/config.json");
+  const std::string name = config.is_object() && config.contains("torch_dtype") && config["torch_dtype"].is_string()
+                               ? config["torch_dtype"].get<std::string>()
+                               : "float32";
+  return name == "bfloat16" ? torch::kBFloat16 : name == "float16" ? torch::kHalf : torch::kFloat;
+}
+
+// --dtype fp32: the model in float32 with the checkpoint's master weights (where it kept
+// them) in place of its working weights. Returns the note for the summary line.
+std::string use_master_weights(const std::string& dir, model::LlamaForCausalLM& model) {
+  const auto masters = checkpoint::load_master_weights(dir);
+  if (masters.empty()) {
+    if (const auto saved = checkpoint_dtype(dir); saved != torch::kFloat)
+      throw bad_input("--dtype", "fp32 writes the optimizer's float32 master weights, and " + dir +
+                                     " has none: its weights are " + std::string(c10::toString(saved)) +
+                                     " (trained with memory.master_weights false); export --dtype auto writes them");
+    return ", float32 weights";
+  }
+  model->to(torch::kFloat);
+  torch::NoGradGuard no_grad;
+  auto params = model->named_parameters();
+  for (const auto& [name, flat] : masters) {
+    auto* p = params.find(name);
+    if (p == nullptr || p->numel() != flat.numel())
+      throw bad_input(dir + "/optimizer_shards.json",
+                      "lists \"" + name + "\" of " + std::to_string(flat.numel()) +
+                          " elements, which this checkpoint's model " + (p ? "has with another size" : "does not have"));
+    p->copy_(flat.view_as(*p));
+  }
+  return ", float32 master weights of " + std::to_string(masters.size()) + " tensors";
+}
+
+}  // namespace
+
 void add_export_command(CLI::App& app, Action& action) {
   auto* cmd = app.add_subcommand("export", "Write an HF-style directory (config.json, model.safetensors) from a checkpoint");
   auto source = std::make_shared<std::string>();
   auto out = std::make_shared<std::string>();
   auto force = std::make_shared<bool>(false);
+  auto dtype = std::make_shared<std::string>("auto");
   cmd->add_option("source", *source, "Checkpoint directory, or a run directory (its newest good checkpoint)")->required();
   cmd->add_option("-o,--out", *out, "Output directory")->required();
   cmd->add_flag("--force", *force, "Overwrite files in an existing output directory");
-  cmd->callback([&action, source, out, force] {
-    action = [source, out, force] {
+  cmd->add_option("--dtype", *dtype,
+                  "auto (the weights the run computed with) | fp32 (the optimizer's float32 master weights)")
+      ->check(CLI::IsMember({"auto", "fp32"}))
+      ->capture_default_str();
+  cmd->callback([&action, source, out, force, dtype] {
+    action = [source, out, force, dtype] {
       namespace stdfs = std::filesystem;
       std::string dir = *source;
       if (stdfs::is_directory(RunDir(dir).checkpoints())) {
@@ -72,6 +126,13 @@ void add_export_command(CLI::App& app, Action& action) {
         throw bad_input(*out, "already holds a model; --force overwrites it");
       auto model = checkpoint::load_hf_model(dir, model::LlamaOptions{});
       model->eval();
+      std::string precision;
+      if (*dtype == "fp32") {
+        precision = use_master_weights(dir, model);
+      } else if (const auto working = checkpoint_dtype(dir); working != torch::kFloat && !model->lora().enabled()) {
+        model->to(working);  // the loaded values are the checkpoint's, exactly
+        precision = std::string(", ") + c10::toString(working) + " weights";
+      }
       const bool lora = model->lora().enabled();
       checkpoint::save_hf_model(*out, *model, 0, /*merged=*/lora);
       std::string base;  // the directory the adapters were trained on
@@ -95,11 +156,14 @@ void add_export_command(CLI::App& app, Action& action) {
       const auto loaded = copy->named_parameters();
       auto check_same = [&](const std::string& file, const std::string& name, const torch::Tensor& want,
                             const torch::Tensor* got) {
-        if (got == nullptr || got->scalar_type() != want.scalar_type() || !got->sizes().equals(want.sizes()) ||
-            !torch::equal(*got, want))
+        // The reloaded model computes in float32: a bf16 file's values compare exactly there.
+        if (got == nullptr || !got->sizes().equals(want.sizes()) || !torch::equal(*got, want.to(got->scalar_type())))
           throw runtime_error(file, "tensor '" + name + "' does not read back bit-identically after export");
       };
       for (const auto& [name, t] : written) check_same(*out, name, t, loaded.find(name));
+      if (const auto want = model->model->embed_tokens->weight.scalar_type(); checkpoint_dtype(*out) != want)
+        throw runtime_error(*out + "/config.json", std::string("names another torch_dtype than the ") +
+                                                        c10::toString(want) + " weights written");
       std::string detail;
       if (lora) {
         const auto adapter = checkpoint::load_safetensors(adapter_dir + "/adapter_model.safetensors").tensors;
@@ -126,8 +190,9 @@ void add_export_command(CLI::App& app, Action& action) {
         detail = "; LoRA rank " + std::to_string(model->lora().rank) + " merged (logits within " + within +
                  "), adapter in " + adapter_dir;  // a path of any length, never cut
       }
-      std::printf("exported %s -> %s (%lld parameters; reloaded bit-identically, %zu tensors%s)\n", dir.c_str(),
-                  out->c_str(), (long long)model::count_parameters(*copy), written.size(), detail.c_str());
+      std::printf("exported %s -> %s (%lld parameters%s; reloaded bit-identically, %zu tensors%s)\n", dir.c_str(),
+                  out->c_str(), (long long)model::count_parameters(*copy), precision.c_str(), written.size(),
+                  detail.c_str());
       return 0;
     };
   });

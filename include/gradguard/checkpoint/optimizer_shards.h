@@ -15,6 +15,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -41,5 +43,10 @@ nlohmann::ordered_json optimizer_shards_layout(optim::ShardedOptimizer& optimize
 // into them. Throws gradguard::Error (bad input) naming the file: a layout of another
 // model, a shard that is missing or malformed.
 void load_optimizer_shards(const std::string& dir, optim::ShardedOptimizer& optimizer);
+
+// The float32 master weights a sharded checkpoint `dir` keeps, gathered from every shard:
+// (tensor name, flat [numel]) in the layout's order. Empty when it keeps none or has no
+// sharded optimizer state. Throws gradguard::Error (bad input) naming the file, as above.
+std::vector<std::pair<std::string, at::Tensor>> load_master_weights(const std::string& dir);
 
 }  // namespace gradguard::checkpoint
