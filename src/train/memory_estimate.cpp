@@ -122,7 +122,20 @@ MemoryEstimate estimate(const PlanInputs& in) {
   // z-loss's logsumexp keeps its float32 input: the logits themselves in float32 compute,
   // a float32 copy of them otherwise.
   e.logits = tokens * static_cast<double>(in.model.vocab_size) * (c + 8 + (in.z_loss && c != 4 ? 4 : 0));
-  e.step = (in.fused_adamw ? 0 : shard * s) + (d > 1 ? (d + 1) * kGatherChunk : 0) + (m.offload_optimizer ? shard * 4 : 0);
+  // The optimizer step (memory_estimate.h). Offloaded, the update runs on the host: the
+  // gradient shard's float32 copy and AdamW's temporary are host memory (a blocking
+  // device-to-host copy that changes the dtype converts on the host, as ATen's CUDA copy
+  // kernel does), and the device keeps only the all-gather's chunks. On the CPU the
+  // host is the device; a float32 gradient needs no copy there.
+  const double gather = d > 1 ? (d + 1) * kGatherChunk : 0;
+  if (!m.offload_optimizer) {
+    e.step = (in.fused_adamw ? 0 : shard * s) + gather;
+  } else if (in.gpu) {
+    e.step = gather;
+    e.optimizer_host += shard * 4 + shard * s;
+  } else {
+    e.step = gather + (in.fused_adamw ? 0 : shard * s) + (w == 4 ? 0 : shard * 4);
+  }
 
   const double resident = e.weights + e.gradients + e.optimizer + (in.gpu ? 0 : e.optimizer_host);
   const double peak = resident + std::max(e.activations + e.logits, e.step);

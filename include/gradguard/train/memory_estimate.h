@@ -32,8 +32,11 @@
 //   logits       b T V (c + 8)                logits, float32 log-probabilities and their gradient
 //                (+ 4 with z-loss below float32 compute: logsumexp's float32 copy)
 //   step         the optimizer step after backward: AdamW's sqrt(v) temporary (Pt s / d;
-//                none with a fused AdamW kernel), the all-gather's chunks and, offloaded,
-//                the gradient copied to the host; the peak is the larger of backward and step
+//                none with a fused AdamW kernel) and the all-gather's chunks; the peak is the
+//                larger of backward and step. Offloaded on a GPU the update runs on the
+//                host: the temporary and the gradient shard's float32 copy (4 Pt / d; a
+//                blocking device-to-host copy with a dtype change converts on the host)
+//                count in host memory, the device keeps the chunks only
 //   buffers      GPUs: 1 GiB (runtime context) + 5% of the rest (allocator fragmentation)
 // The CPU check of these numbers (bench/plan_check.py, docs/memory.md) compares the
 // total with the measured peak RSS of real runs, the process's runtime measured apart.
@@ -79,7 +82,7 @@ struct MemoryEstimate {
   int64_t parameters = 0, trainable = 0;
   // Bytes per rank.
   double weights = 0, gradients = 0, optimizer = 0, activations = 0, logits = 0, step = 0, buffers = 0;
-  double optimizer_host = 0;  // offloaded state, host memory per rank
+  double optimizer_host = 0;  // offloaded state and, on a GPU, the step's host copies: host memory per rank
   double total = 0;           // the peak: weights + gradients + optimizer + max(activations + logits, step) + buffers
 };
 
