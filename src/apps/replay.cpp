@@ -94,7 +94,8 @@ void analyse(model::LlamaForCausalLMImpl& model_ref, const config::Config& cfg, 
     data::Batch b{inputs[m].to(torch::kLong), targets[m].to(torch::kLong),
                   positions.defined() ? positions[m].to(torch::kLong) : torch::Tensor(),
                   segments.defined() ? segments[m].to(torch::kLong) : torch::Tensor()};
-    auto acc = train::accumulate(*model, {b}, total_tokens, cfg.amp, device, loss_scale, false, {}, cfg.loss.z_loss);
+    auto acc = train::accumulate(*model, {b}, total_tokens, cfg.amp, device, loss_scale, false, {},
+                                 train::LossTerms{cfg.loss.z_loss, cfg.loss.chunk_tokens});
     auto g = grads_of(params);
     MicroReplay mr;
     mr.index = m;
@@ -137,7 +138,8 @@ void analyse(model::LlamaForCausalLMImpl& model_ref, const config::Config& cfg, 
       };
       data::Batch b{row_of(inputs), row_of(targets), row_of(positions), row_of(segments)};
       const int64_t tokens = std::max<int64_t>(1, (b.targets != data::kIgnoreTarget).sum().item<int64_t>());
-      auto acc = train::accumulate(*model, {b}, tokens, cfg.amp, device, 1.0, false, {}, cfg.loss.z_loss);
+      auto acc = train::accumulate(*model, {b}, tokens, cfg.amp, device, 1.0, false, {},
+                                 train::LossTerms{cfg.loss.z_loss, cfg.loss.chunk_tokens});
       SampleReplay sr;
       sr.micro = m;
       sr.row = row;

@@ -34,6 +34,8 @@ void BatchOptions::validate() const {
 void LossOptions::validate() const {
   if (!(z_loss >= 0 && z_loss < 1))
     throw bad_input("loss.z_loss", "must be in [0, 1) (PaLM uses 1e-4), got " + format_number(z_loss));
+  if (chunk_tokens < 0)
+    throw bad_input("loss.chunk_tokens", "must be >= 0 (0 = whole logits), got " + std::to_string(chunk_tokens));
 }
 
 void EvalOptions::validate() const {

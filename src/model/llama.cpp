@@ -419,6 +419,17 @@ torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& input_ids) {
 
 torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& positions,
                                             const torch::Tensor& segments) {
+  const auto x = hidden_states(input_ids, positions, segments);
+  if (lm_head) return lm_head(x);  // [B, T, V]
+  return torch::matmul(x, model->embed_tokens->weight.t());
+}
+
+const torch::Tensor& LlamaForCausalLMImpl::output_weight() const {
+  return lm_head ? lm_head->weight : model->embed_tokens->weight;
+}
+
+torch::Tensor LlamaForCausalLMImpl::hidden_states(const torch::Tensor& input_ids, const torch::Tensor& positions,
+                                                  const torch::Tensor& segments) {
   TORCH_CHECK(input_ids.dim() == 2, "input_ids must be [B, T]");
   const int64_t T = input_ids.size(1);
   if (T > options_.max_seq_len)
@@ -450,9 +461,7 @@ torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& input_ids, cons
     auto* decoder = layer->as<DecoderLayer>();
     x = checkpoint ? decoder->forward_checkpointed(x, cos, sin, allowed) : decoder->forward(x, cos, sin, allowed);
   }
-  x = model->norm(x);
-  if (lm_head) return lm_head(x);             // [B, T, V]
-  return torch::matmul(x, model->embed_tokens->weight.t());
+  return model->norm(x);
 }
 
 torch::Tensor LlamaForCausalLMImpl::forward_cached(const torch::Tensor& input_ids, KvCache& cache) {

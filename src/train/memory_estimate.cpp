@@ -47,6 +47,7 @@ PlanInputs PlanInputs::from_config(const config::Config& c, int64_t ranks) {
   in.micro_batch = c.batch.micro_batch;
   in.global_batch = c.batch.global_batch;
   in.z_loss = c.loss.z_loss > 0;
+  in.chunk_tokens = c.loss.chunk_tokens;
   in.bucket_mb = c.dist.bucket_mb;
   return in;
 }
@@ -121,7 +122,11 @@ MemoryEstimate estimate(const PlanInputs& in) {
   e.activations = tokens * (layers + (r + c) * wd.h);
   // z-loss's logsumexp keeps its float32 input: the logits themselves in float32 compute,
   // a float32 copy of them otherwise.
-  e.logits = tokens * static_cast<double>(in.model.vocab_size) * (c + 8 + (in.z_loss && c != 4 ? 4 : 0));
+  const double V = static_cast<double>(in.model.vocab_size);
+  if (in.chunk_tokens > 0)  // one chunk at a time (train/chunked_loss.h), and each row's lse
+    e.logits = std::min(static_cast<double>(in.chunk_tokens), tokens) * V * (c == 4 ? 8 : 2 * c + 8) + 4 * tokens;
+  else
+    e.logits = tokens * V * (c + 8 + (in.z_loss && c != 4 ? 4 : 0));
   // The optimizer step (memory_estimate.h). Offloaded, the update runs on the host: the
   // gradient shard's float32 copy and AdamW's temporary are host memory (a blocking
   // device-to-host copy that changes the dtype converts on the host, as ATen's CUDA copy

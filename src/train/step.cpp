@@ -11,6 +11,8 @@
 
 #include <torch/torch.h>
 
+#include "gradguard/train/chunked_loss.h"
+
 namespace gradguard::train {
 namespace {
 // A micro-batch's summed cross-entropy over its trained targets and, when z-loss is on,
@@ -19,14 +21,22 @@ struct Summed {
   torch::Tensor ce, z;
 };
 Summed summed_loss(model::LlamaForCausalLMImpl& model, const data::Batch& b, const amp::AmpOptions& amp,
-                   const c10::Device& device, bool z_loss) {
+                   const c10::Device& device, bool z_loss, int64_t chunk_tokens) {
+  const auto positions = b.positions.defined() ? b.positions.to(device) : b.positions;
+  const auto segments = b.segments.defined() ? b.segments.to(device) : b.segments;
+  if (chunk_tokens > 0) {
+    // The logits a chunk at a time (chunked_loss.h): the same sums, never [B, T, V] whole.
+    amp::AutocastScope autocast(amp, device);
+    const auto hidden = model.hidden_states(b.inputs.to(device), positions, segments);
+    const auto out = chunked_linear_cross_entropy(hidden.reshape({-1, hidden.size(-1)}), model.output_weight(),
+                                                  b.targets.to(device).reshape({-1}), chunk_tokens, z_loss);
+    return {out.ce.to(torch::kFloat), z_loss ? out.z.to(torch::kFloat) : torch::Tensor()};
+  }
   torch::Tensor logits;
   {
     amp::AutocastScope autocast(amp, device);
-    logits = b.positions.defined() || b.segments.defined()
-                 ? model.forward(b.inputs.to(device), b.positions.defined() ? b.positions.to(device) : b.positions,
-                                 b.segments.defined() ? b.segments.to(device) : b.segments)
-                 : model.forward(b.inputs.to(device));  // [B, T, V]
+    logits = positions.defined() || segments.defined() ? model.forward(b.inputs.to(device), positions, segments)
+                                                       : model.forward(b.inputs.to(device));  // [B, T, V]
   }
   // Cross-entropy in float32 whatever the compute dtype; ignored targets add nothing.
   const auto flat = logits.reshape({-1, logits.size(-1)}).to(torch::kFloat);
@@ -49,8 +59,9 @@ torch::Tensor trained_count(const data::Batch& b, const c10::Device& device) {
 Accumulation accumulate(model::LlamaForCausalLMImpl& model, const std::vector<data::Batch>& micro_batches,
                         int64_t total_tokens, const amp::AmpOptions& amp, const c10::Device& device,
                         double loss_scale, bool measure_first,
-                        const std::function<void(const Accumulation&)>& before_last_backward, double z_loss,
+                        const std::function<void(const Accumulation&)>& before_last_backward, const LossTerms& terms,
                         const std::function<void()>& after_each_backward) {
+  const double z_loss = terms.z_loss;
   TORCH_INTERNAL_ASSERT(total_tokens > 0);
   Accumulation out;
   out.loss = torch::zeros({}, torch::TensorOptions().device(device));
@@ -58,7 +69,7 @@ Accumulation accumulate(model::LlamaForCausalLMImpl& model, const std::vector<da
   const double n = static_cast<double>(total_tokens);
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const auto& b = micro_batches[i];
-    auto summed = summed_loss(model, b, amp, device, z_loss > 0);
+    auto summed = summed_loss(model, b, amp, device, z_loss > 0, terms.chunk_tokens);
     auto loss = summed.ce / n;
     out.loss += loss.detach();
     out.micro_losses.push_back(summed.ce.detach() / trained_count(b, device));
@@ -88,14 +99,14 @@ at::Tensor accumulate_gradients(model::LlamaForCausalLMImpl& model, const std::v
 }
 
 double evaluate(model::LlamaForCausalLMImpl& model, const data::TokenDataset& dataset, int64_t micro_batch,
-                int64_t batches, const amp::AmpOptions& amp, const c10::Device& device) {
+                int64_t batches, const amp::AmpOptions& amp, const c10::Device& device, int64_t chunk_tokens) {
   torch::NoGradGuard no_grad;
   const int64_t samples = std::min(micro_batch * batches, dataset.num_samples());
   torch::Tensor sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
   const int64_t tokens = dataset.trained_targets(0, samples);
   for (int64_t first = 0; first < samples; first += micro_batch) {
     auto b = dataset.batch(first, std::min(micro_batch, samples - first));
-    sum += summed_loss(model, b, amp, device, false).ce.to(torch::kDouble);
+    sum += summed_loss(model, b, amp, device, false, chunk_tokens).ce.to(torch::kDouble);
   }
   return sum.item<double>() / static_cast<double>(std::max<int64_t>(tokens, 1));
 }

@@ -42,7 +42,7 @@ guard::StepInputs Trainer::State::accumulate_step(int64_t step, const StepData& 
   amp::AmpOptions amp = c.amp;  // wider while the recovery ladder's precision fallback lasts
   amp.dtype = guarded->compute_dtype(step, c.amp.dtype);
   accumulate(*model, data.batches.micro, trained, amp, device, guarded->loss_scale(),
-             measure_noise && reduction->grads_in_place(), hand_off, c.loss.z_loss,
+             measure_noise && reduction->grads_in_place(), hand_off, LossTerms{c.loss.z_loss, c.loss.chunk_tokens},
              [this] { reduction->after_backward(); });
   // Summed over the ranks: identical on every rank from here on, so are the decisions
   // (with ZeRO-2 the guard's statistics all-reduce sums it before anything is read).
@@ -144,7 +144,8 @@ int64_t Trainer::State::log_step(const guard::StepOutcome& out, const StepMetric
 
 double Trainer::State::validate(int64_t step) {
   if (!val || !main_rank()) return std::numeric_limits<double>::quiet_NaN();
-  const double v = evaluate(*model, *val, cfg.batch.micro_batch, cfg.eval.batches, cfg.amp, device);
+  const double v =
+      evaluate(*model, *val, cfg.batch.micro_batch, cfg.eval.batches, cfg.amp, device, cfg.loss.chunk_tokens);
   metrics->write_validation(step, v);
   char msg[128];
   std::snprintf(msg, sizeof msg, "step %lld/%lld | val_loss %.4f", (long long)step,

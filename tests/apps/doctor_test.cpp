@@ -467,14 +467,14 @@ TEST(DoctorMemoryPlan, TooSmallNamesTheMicroBatchThatFits) {
 
 TEST(DoctorMemoryPlan, NoMicroBatchFitsNamesTheFirstLayoutThatDoes) {
   // Llama-2-7B on 2 x 32 GB with fp32 weights (the golden report in tests/golden/plan/
-  // shows only LoRA fitting there).
+  // shows offload with checkpointing and LoRA fitting there, offload listed first).
   plan::PlanInputs in;
   in.model.vocab_size = 32000, in.model.hidden_size = 4096, in.model.intermediate_size = 11008;
   in.model.num_layers = 32, in.model.num_heads = 32, in.model.num_kv_heads = 32, in.model.max_seq_len = 4096;
   in.ranks = 2, in.seq_len = 2048, in.micro_batch = 1, in.global_batch = 4096;
   const auto c = doctor::check_memory_plan(in, 32e9, "gpu.0");
   EXPECT_EQ(c.status, Status::kFail);
-  EXPECT_THAT(c.detail, HasSubstr("no micro-batch fits in gpu.0; the first layout that does: LoRA r16"));
+  EXPECT_THAT(c.detail, HasSubstr("no micro-batch fits in gpu.0; the first layout that does: bf16 + fp32 masters, ZeRO-1, offload"));
 }
 
 TEST(DoctorMemoryPlan, BudgetIsTheCpusShareOrTheSmallestBoard) {

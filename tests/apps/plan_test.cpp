@@ -257,6 +257,17 @@ TEST(Plan, LogitsTermAndZLoss) {
   EXPECT_DOUBLE_EQ(estimate(in).logits, tokens_v * (2 + 8));
   config::Config cfg = config::load_config("", {"loss.z_loss=1e-4"});
   EXPECT_TRUE(PlanInputs::from_config(cfg, 1).z_loss);
+  // loss.chunk_tokens: one chunk's logits (at most all 32 tokens) in backward -- bf16
+  // product, float32 copy, the shifted copy that becomes the gradient, its bf16 cast --
+  // and each row's float32 lse; in float32 the product is the copy and the gradient's cast.
+  in.chunk_tokens = 5;
+  EXPECT_DOUBLE_EQ(estimate(in).logits, 5.0 * 96 * (2 + 4 + 4 + 2) + 4 * 32);
+  in.chunk_tokens = 1000;
+  EXPECT_DOUBLE_EQ(estimate(in).logits, 32.0 * 96 * (2 + 4 + 4 + 2) + 4 * 32);
+  in.amp = amp::AmpDtype::kFp32;
+  EXPECT_DOUBLE_EQ(estimate(in).logits, 32.0 * 96 * 8 + 4 * 32);
+  cfg = config::load_config("", {"loss.chunk_tokens=512"});
+  EXPECT_EQ(PlanInputs::from_config(cfg, 1).chunk_tokens, 512);
 }
 
 TEST(Plan, JsonCarriesEveryTerm) {

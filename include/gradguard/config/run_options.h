@@ -65,6 +65,7 @@ struct BatchOptions {
 // The training objective beyond the token cross-entropy.
 struct LossOptions {
   double z_loss = 0;
+  int64_t chunk_tokens = 0;
   void validate() const;
 
   template <class Field>
@@ -73,6 +74,10 @@ struct LossOptions {
           "coefficient c of PaLM's z-loss: c x logsumexp(logits)^2 averaged over the trained tokens, added to the "
           "objective and logged apart from the loss (PaLM uses 1e-4); keeps the softmax normaliser near 1, "
           "against output-logit divergence; 0 = off; in [0, 1)");
+    field("chunk_tokens", chunk_tokens,
+          "> 0: compute the output projection and the cross-entropy this many tokens at a time, recomputing each "
+          "chunk's logits in backward, so the [tokens, vocabulary] logits never exist whole (large vocabularies); "
+          "0 = whole logits; >= 0");
   }
 };
 

@@ -222,6 +222,13 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // tensor on input_ids' device.
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& positions,
                         const torch::Tensor& segments);
+  // The final normed hidden states [B, T, hidden] that forward() multiplies by the output
+  // projection (same arguments and checks), and that projection's weight [vocab, hidden]:
+  // lm_head's, or the token embedding's when tie_embeddings. The chunked loss
+  // (train/chunked_loss.h) computes the logits from them a chunk at a time.
+  torch::Tensor hidden_states(const torch::Tensor& input_ids, const torch::Tensor& positions,
+                              const torch::Tensor& segments);
+  const torch::Tensor& output_weight() const;
   // Generation: logits [B, T, vocab] of input_ids [B, T], the tokens that follow the
   // cache's, which grows by T. The first call (empty cache) takes the prompt, later ones
   // one token each; the logits equal forward() over the whole sequence up to rounding

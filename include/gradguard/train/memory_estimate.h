@@ -30,7 +30,10 @@
 //                one layer at a time is recomputed. Plus one layer's worth for backward's
 //                working set.
 //   logits       b T V (c + 8)                logits, float32 log-probabilities and their gradient
-//                (+ 4 with z-loss below float32 compute: logsumexp's float32 copy)
+//                (+ 4 with z-loss below float32 compute: logsumexp's float32 copy); with
+//                loss.chunk_tokens n > 0, min(n, b T) V (8, or 2 c + 8 below float32) instead:
+//                one chunk's recomputed logits in backward, their float32 copy, the shifted
+//                copy that becomes the gradient and its cast back, plus each row's lse (4 b T)
 //   step         the optimizer step after backward: AdamW's sqrt(v) temporary (Pt s / d;
 //                none with a fused AdamW kernel) and the all-gather's chunks; the peak is the
 //                larger of backward and step. Offloaded on a GPU the update runs on the
@@ -70,6 +73,7 @@ struct PlanInputs {
   bool fused_adamw = true;        // a fused AdamW kernel (LibTorch >= 2.0 on GPUs): no sqrt(v) temporary
   bool gpu = true;                // add the GPU runtime and allocator buffers
   bool z_loss = false;            // loss.z_loss > 0: its backward keeps the float32 logits
+  int64_t chunk_tokens = 0;       // loss.chunk_tokens: > 0 computes the logits that many tokens at a time
   double bucket_mb = 25;          // dist.bucket_mb: ZeRO-2's buckets in flight
   // For CPU processes of this build: its attention and AdamW kernels, no GPU buffers.
   void for_this_cpu();

@@ -39,10 +39,19 @@ struct Accumulation {
   at::Tensor first_sq_norm;              // 0-dim float; undefined unless measure_first
   at::Tensor z_loss;                     // 0-dim: c x sum of logsumexp^2 / total_tokens; undefined when c = 0
 };
+// What the objective adds to the token cross-entropy, and how it is computed: PaLM's
+// z-loss coefficient (below), and loss.chunk_tokens (> 0: the output projection and the
+// cross-entropy a chunk of tokens at a time, train/chunked_loss.h; 0: whole logits).
+struct LossTerms {
+  LossTerms(double z = 0, int64_t chunk = 0) : z_loss(z), chunk_tokens(chunk) {}  // NOLINT: a z-loss converts
+  double z_loss = 0;
+  int64_t chunk_tokens = 0;
+};
+
 // `before_last_backward`, when set, runs after the last micro-batch's forward and before
 // its backward with the accumulation so far (loss and micro_losses complete): data
 // parallelism hands the side values to the gradient all-reduce there.
-// `z_loss` > 0 adds PaLM's z-loss to what backward differentiates: z_loss x
+// `terms.z_loss` > 0 adds PaLM's z-loss to what backward differentiates: z_loss x
 // logsumexp(logits)^2 summed over each micro-batch's trained targets and divided by
 // total_tokens like the cross-entropy (so accumulation and ranks split it exactly); it is
 // reported in Accumulation::z_loss and left out of `loss` and `micro_losses`, which stay
@@ -53,11 +62,11 @@ Accumulation accumulate(model::LlamaForCausalLMImpl& model, const std::vector<da
                         int64_t total_tokens, const amp::AmpOptions& amp, const c10::Device& device,
                         double loss_scale, bool measure_first,
                         const std::function<void(const Accumulation&)>& before_last_backward = {},
-                        double z_loss = 0, const std::function<void()>& after_each_backward = {});
+                        const LossTerms& terms = {}, const std::function<void()>& after_each_backward = {});
 
 // Mean loss over the trained targets of up to `batches` micro-batches of `micro_batch` samples taken
 // from the start of `dataset` (never wrapping past its end), without gradients. Syncs once.
 double evaluate(model::LlamaForCausalLMImpl& model, const data::TokenDataset& dataset, int64_t micro_batch,
-                int64_t batches, const amp::AmpOptions& amp, const c10::Device& device);
+                int64_t batches, const amp::AmpOptions& amp, const c10::Device& device, int64_t chunk_tokens = 0);
 
 }  // namespace gradguard::train
