@@ -100,7 +100,8 @@ at::Tensor nf4_block_scales(const Nf4Tensor& q) {
 }
 
 at::Tensor nf4_dequantize(const Nf4Tensor& q, at::ScalarType dtype) {
-  const auto high = q.codes.__rshift__(4).to(torch::kLong), low = q.codes.bitwise_and(15).to(torch::kLong);
+  const auto codes = q.codes.to(torch::kLong);
+  const auto high = torch::div(codes, 16, "floor"), low = codes.remainder(16);
   const auto index = torch::stack({high, low}, 1).reshape({-1});
   const auto values = code_book_tensor(q.codes.device(), torch::kFloat).index_select(0, index).view({-1, kNf4Block});
   return (values * nf4_block_scales(q).unsqueeze(1)).reshape(q.shape).to(dtype);
