@@ -21,6 +21,8 @@ import tempfile
 import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from plan_check import sets_args  # noqa: E402
 MODEL = ["model.vocab_size=151936", "model.hidden_size=128", "model.intermediate_size=384", "model.num_layers=2",
          "model.num_heads=4", "model.num_kv_heads=2", "model.max_seq_len=512"]
 TINY = ["model.hidden_size=16", "model.intermediate_size=32", "model.num_layers=1", "model.num_heads=2",
@@ -29,13 +31,6 @@ BATCH = ["data.seq_len=256", "batch.micro_batch=4", "batch.accum_steps=1"]
 COMMON = ["schedule.total_steps=6", "schedule.warmup_steps=1", "data.val_path=\"\"", "checkpoint.every=0",
           "log.progress=quiet", "log.report=false", "log.tensorboard=false", "telemetry.enabled=false",
           "guard.noise_scale.every=0", "run.overwrite=true", "data.train_path=data/brown/train.bin"]
-
-
-def sets_args(sets):
-    out = []
-    for s in sets:
-        out += ["--set", s]
-    return out
 
 
 def run(exe, sets, tmp, name):
