@@ -17,6 +17,7 @@
 #include "gradguard/core/fs.h"
 #include "gradguard/core/json_number.h"
 #include "gradguard/core/json_read.h"
+#include "gradguard/core/stats.h"
 
 namespace gradguard::natural {
 namespace {
@@ -255,11 +256,6 @@ std::string precursor_table(const NaturalReport& r, const std::string& scenario)
      << "| lr | runs | with an onset | onset step (median) | warned ≥ 1 step ahead (median lead) | breach at the onset "
         "| breach later or none | runs without an onset | of them with a breach | breaches per 100 judged steps "
         "(runs without an onset) |\n|---|---|---|---|---|---|---|---|---|---|\n";
-  auto median = [](std::vector<double> v) {
-    if (v.empty()) return kNaN;
-    std::sort(v.begin(), v.end());
-    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-  };
   for (double lr : r.lrs) {
     int64_t runs = 0, onsets = 0, warned = 0, at = 0, late = 0, stable = 0, alarmed = 0, breaches = 0, judged = 0;
     std::vector<double> onset_steps, leads;

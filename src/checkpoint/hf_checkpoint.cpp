@@ -81,15 +81,14 @@ std::map<std::string, at::Tensor> load_all_tensors(const std::string& dir, std::
   return all;
 }
 
-// HF's name for a parameter dtype (config.json torch_dtype).
+// HF's names for parameter dtypes (config.json torch_dtype), both ways.
+constexpr std::pair<c10::ScalarType, const char*> kHfDtypeNames[] = {
+    {at::kFloat, "float32"}, {at::kBFloat16, "bfloat16"}, {at::kHalf, "float16"}, {at::kDouble, "float64"}};
+
 std::string hf_dtype_name(c10::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return "float32";
-    case at::kBFloat16: return "bfloat16";
-    case at::kHalf: return "float16";
-    case at::kDouble: return "float64";
-    default: return c10::toString(t);
-  }
+  for (const auto& [dtype, name] : kHfDtypeNames)
+    if (dtype == t) return name;
+  return c10::toString(t);
 }
 
 }  // namespace
@@ -179,6 +178,15 @@ model::LlamaForCausalLM load_hf_model(const std::string& dir, const model::Llama
   }
   load_hf_weights(dir, *model);
   return model;
+}
+
+c10::ScalarType saved_weights_dtype(const std::string& dir) {
+  const auto config = read_json_file(dir + "/config.json");
+  const auto it = config.is_object() ? config.find("torch_dtype") : config.end();
+  if (it != config.end() && it->is_string())
+    for (const auto& [dtype, name] : kHfDtypeNames)
+      if (*it == name) return dtype;
+  return at::kFloat;
 }
 
 void check_weights_fit_config(const std::string& dir, const model::LlamaOptions& o) {

@@ -37,22 +37,13 @@ namespace gradguard::cli {
 
 namespace {
 
-// The dtype the checkpoint's weights were saved in (config.json torch_dtype; float32 when
-// it names none).
-at::ScalarType checkpoint_dtype(const std::string& dir) {
-  const auto config = read_json_file(dir + "/config.json");
-  const std::string name = config.is_object() && config.contains("torch_dtype") && config["torch_dtype"].is_string()
-                               ? config["torch_dtype"].get<std::string>()
-                               : "float32";
-  return name == "bfloat16" ? torch::kBFloat16 : name == "float16" ? torch::kHalf : torch::kFloat;
-}
-
 // --dtype fp32: the model in float32 with the checkpoint's master weights (where it kept
-// them) in place of its working weights. Returns the note for the summary line.
-std::string use_master_weights(const std::string& dir, model::LlamaForCausalLM& model) {
+// them) in place of its working weights, which are stored as `saved`. Returns the note
+// for the summary line.
+std::string use_master_weights(const std::string& dir, at::ScalarType saved, model::LlamaForCausalLM& model) {
   const auto masters = checkpoint::load_master_weights(dir);
   if (masters.empty()) {
-    if (const auto saved = checkpoint_dtype(dir); saved != torch::kFloat)
+    if (saved != torch::kFloat)
       throw bad_input("--dtype", "fp32 writes the optimizer's float32 master weights, and " + dir +
                                      " has none: its weights are " + std::string(c10::toString(saved)) +
                                      " (trained with memory.master_weights false); export --dtype auto writes them");
@@ -127,9 +118,10 @@ void add_export_command(CLI::App& app, Action& action) {
       auto model = checkpoint::load_hf_model(dir, model::LlamaOptions{});
       model->eval();
       std::string precision;
+      const auto working = checkpoint::saved_weights_dtype(dir);
       if (*dtype == "fp32") {
-        precision = use_master_weights(dir, model);
-      } else if (const auto working = checkpoint_dtype(dir); working != torch::kFloat && !model->lora().enabled()) {
+        precision = use_master_weights(dir, working, model);
+      } else if (working != torch::kFloat && !model->lora().enabled()) {
         model->to(working);  // the loaded values are the checkpoint's, exactly
         precision = std::string(", ") + c10::toString(working) + " weights";
       }
@@ -161,7 +153,7 @@ void add_export_command(CLI::App& app, Action& action) {
           throw runtime_error(file, "tensor '" + name + "' does not read back bit-identically after export");
       };
       for (const auto& [name, t] : written) check_same(*out, name, t, loaded.find(name));
-      if (const auto want = model->model->embed_tokens->weight.scalar_type(); checkpoint_dtype(*out) != want)
+      if (const auto want = model->model->embed_tokens->weight.scalar_type(); checkpoint::saved_weights_dtype(*out) != want)
         throw runtime_error(*out + "/config.json", std::string("names another torch_dtype than the ") +
                                                         c10::toString(want) + " weights written");
       std::string detail;

@@ -53,6 +53,10 @@ model::LoraOptions read_lora_config(const std::string& dir);
 // when there is one (model::add_lora), then load_hf_weights. What export and replay load.
 model::LlamaForCausalLM load_hf_model(const std::string& dir, const model::LlamaOptions& base);
 
+// The dtype a directory written by save_hf_model stores its weights in: config.json's
+// torch_dtype (float32, bfloat16, float16, float64), float32 when it names none.
+c10::ScalarType saved_weights_dtype(const std::string& dir);
+
 // Compares the shapes in the weights' headers (model.safetensors or its shards; only the
 // headers are read) with the model `o` describes: the embedding's [vocab_size,
 // hidden_size] and the number of decoder layers. Throws gradguard::Error (bad input) naming
